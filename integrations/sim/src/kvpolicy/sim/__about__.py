@@ -1,0 +1,3 @@
+"""Version of kvpolicy-sim."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,30 @@
+"""The ``kvpolicy`` command.
+
+One click group per concern, each in its own module of this package, each exposing
+``group``: ``kv`` (capacity planning), ``admit`` (stability analysis), ``evict`` (quality
+evaluation), ``sim`` (the simulator), plus the top-level ``demo`` command.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+__all__ = ["main"]
+
+_GROUPS = ("kv", "admit", "evict", "sim")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kvpolicy-sim", prog_name="kvpolicy")
+def main() -> None:
+    """kvpolicy: KV-cache memory policies for LLM serving."""
+
+
+for _name in _GROUPS:
+    _module = importlib.import_module(f"kvpolicy.sim.cli._{_name}")
+    main.add_command(_module.group, name=_name)
+
+_demo = importlib.import_module("kvpolicy.sim.cli._demo")
+main.add_command(_demo.demo, name="demo")

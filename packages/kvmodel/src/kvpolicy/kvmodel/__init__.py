@@ -1,0 +1,72 @@
+"""kvpolicy-kvmodel: the vocabulary of kvpolicy.
+
+KV bytes per token from a model's architecture, capacity planning on a GPU, a paged block
+pool with copy-on-write prefix sharing, naive-vs-paged utilisation, and the value types and
+Protocols that the other kvpolicy packages implement or consume.
+"""
+
+from __future__ import annotations
+
+from kvpolicy.kvmodel.__about__ import __version__
+from kvpolicy.kvmodel._errors import BlockPoolError, KVModelError, UnknownPresetError
+from kvpolicy.kvmodel._planning import (
+    CapacityPlan,
+    kv_budget_bytes,
+    max_sequences,
+    num_blocks,
+    plan_capacity,
+)
+from kvpolicy.kvmodel._pool import Allocation, BlockPool, PoolStats, chain_block_hashes
+from kvpolicy.kvmodel._presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
+from kvpolicy.kvmodel._protocols import (
+    AdmissionPolicy,
+    CompletionObserver,
+    EvictionPolicy,
+    PreemptionPolicy,
+)
+from kvpolicy.kvmodel._specs import KV_DTYPE_BYTES, GPUSpec, ModelSpec, kv_dtype_bytes
+from kvpolicy.kvmodel._types import MemoryBudget, Request, SchedulerState, SequenceView
+from kvpolicy.kvmodel._utilisation import (
+    UtilisationPoint,
+    naive_utilisation,
+    paged_utilisation,
+    seed001_lengths,
+    utilisation_sweep,
+)
+
+__all__ = [
+    "GPU_PRESETS",
+    "KV_DTYPE_BYTES",
+    "MODEL_PRESETS",
+    "AdmissionPolicy",
+    "Allocation",
+    "BlockPool",
+    "BlockPoolError",
+    "CapacityPlan",
+    "CompletionObserver",
+    "EvictionPolicy",
+    "GPUSpec",
+    "KVModelError",
+    "MemoryBudget",
+    "ModelSpec",
+    "PoolStats",
+    "PreemptionPolicy",
+    "Request",
+    "SchedulerState",
+    "SequenceView",
+    "UnknownPresetError",
+    "UtilisationPoint",
+    "__version__",
+    "chain_block_hashes",
+    "get_gpu",
+    "get_model",
+    "kv_budget_bytes",
+    "kv_dtype_bytes",
+    "max_sequences",
+    "naive_utilisation",
+    "num_blocks",
+    "paged_utilisation",
+    "plan_capacity",
+    "seed001_lengths",
+    "utilisation_sweep",
+]

@@ -1,0 +1,475 @@
+"""A paged KV block pool with reference counts, copy-on-write and prefix caching (seed 001).
+
+Layout of one request's KV in the pool (``block_size = 4``, 10 tokens)::
+
+    block table:   [ 7 ][ 2 ][ 9 ]          logical block i -> physical block id
+    tokens:        t0..t3 t4..t7 t8 t9 _ _   the last block is partly filled
+
+A block is either *free* (reference count 0, on the free list) or *owned* (count >= 1, in
+one or more block tables). A free block may still be *cached*: it keeps the hash of the
+full prompt block it holds until it is reused, so a later request with the same prefix takes
+it back instead of recomputing it. Free blocks are reused least-recently-freed first, which
+makes the prefix cache LRU.
+
+Running out of blocks is an expected outcome: :meth:`BlockPool.allocate` and
+:meth:`BlockPool.append` return ``None``/``False`` and change nothing. Misuse (double free,
+unknown request, writing to a shared block) raises :class:`BlockPoolError`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from attrs import frozen
+
+from kvpolicy.kvmodel._errors import BlockPoolError
+
+__all__ = ["Allocation", "BlockPool", "PoolStats", "chain_block_hashes"]
+
+
+def chain_block_hashes(
+    token_ids: Sequence[int], block_size: int, parent: int | None = None
+) -> tuple[int, ...]:
+    """Chained hashes of the full blocks of ``token_ids``.
+
+    Block ``i``'s hash covers its tokens and the hash of block ``i - 1``, so equal hashes
+    mean equal prefixes. A trailing partial block gets no hash.
+    """
+    if block_size <= 0:
+        raise ValueError(f"'block_size' must be > 0: {block_size}")
+    hashes: list[int] = []
+    prev = parent
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        prev = hash((prev, tuple(token_ids[start : start + block_size])))
+        hashes.append(prev)
+    return tuple(hashes)
+
+
+@frozen
+class Allocation:
+    """What :meth:`BlockPool.allocate` did for a new request."""
+
+    block_ids: tuple[int, ...]
+    """The request's block table."""
+    cached_tokens: int
+    """Prompt tokens found in the prefix cache (need no prefill)."""
+
+
+@frozen
+class PoolStats:
+    """Usage of a :class:`BlockPool` at one instant."""
+
+    num_blocks: int
+    """Blocks in the pool."""
+    block_size: int
+    """Tokens per block."""
+    free_blocks: int
+    """Blocks with no owner (cached ones included)."""
+    used_blocks: int
+    """Blocks owned by at least one request."""
+    cached_blocks: int
+    """Blocks that hold a hashed prompt block (owned or free)."""
+    shared_blocks: int
+    """Blocks owned by more than one request."""
+    num_requests: int
+    """Requests holding blocks."""
+    logical_tokens: int
+    """Tokens summed over requests (a shared block counts once per owner)."""
+    stored_tokens: int
+    """Token slots filled in used blocks (a shared block counts once)."""
+    prefix_queries: int
+    """Full prompt blocks looked up in the prefix cache."""
+    prefix_hits: int
+    """Of those, found."""
+    failed_allocations: int
+    """Allocations and appends refused for lack of blocks."""
+    cow_copies: int
+    """Copy-on-write copies made."""
+
+    @property
+    def utilisation(self) -> float:
+        """Filled slots over the slots of used blocks (1.0 when nothing is used)."""
+        slots = self.used_blocks * self.block_size
+        return self.stored_tokens / slots if slots else 1.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """``prefix_hits / prefix_queries`` (0.0 before any query)."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+
+class BlockPool:
+    """Fixed-size KV blocks shared by requests through per-request block tables.
+
+    Args:
+        num_blocks: blocks in the pool (> 0).
+        block_size: tokens per block (> 0).
+        enable_prefix_caching: keep hashes of full prompt blocks for reuse.
+    """
+
+    __slots__ = (
+        "_block_hash",
+        "_block_size",
+        "_cached",
+        "_content",
+        "_counters",
+        "_fill",
+        "_free",
+        "_num_blocks",
+        "_prefix_caching",
+        "_ref",
+        "_tables",
+        "_tokens",
+    )
+
+    def __init__(
+        self, num_blocks: int, block_size: int = 16, *, enable_prefix_caching: bool = True
+    ) -> None:
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"'{name}' must be int: {value!r}")
+            if value <= 0:
+                raise ValueError(f"'{name}' must be > 0: {value}")
+        self._num_blocks = num_blocks
+        self._block_size = block_size
+        self._prefix_caching = enable_prefix_caching
+        self._ref = [0] * num_blocks
+        self._fill = [0] * num_blocks  # filled token slots of each block
+        self._content: list[list[int] | None] = [None] * num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._tables: dict[str, list[int]] = {}
+        self._tokens: dict[str, int] = {}
+        self._block_hash: dict[int, int] = {}
+        self._cached: dict[int, int] = {}  # hash -> block id
+        self._counters = {"queries": 0, "hits": 0, "failed": 0, "cow": 0}
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return self._block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks on the free list (cached ones included)."""
+        return len(self._free)
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether ``request_id`` holds blocks here."""
+        return request_id in self._tables
+
+    def requests(self) -> list[str]:
+        """Ids of the requests holding blocks."""
+        return list(self._tables)
+
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        """The physical block ids of ``request_id``, in logical order."""
+        return tuple(self._table(request_id))
+
+    def num_tokens(self, request_id: str) -> int:
+        """Tokens ``request_id`` holds."""
+        self._table(request_id)
+        return self._tokens[request_id]
+
+    def ref_count(self, block_id: int) -> int:
+        """Owners of ``block_id``."""
+        if not 0 <= block_id < self._num_blocks:
+            raise BlockPoolError(f"'block_id' out of range [0, {self._num_blocks}): {block_id}")
+        return self._ref[block_id]
+
+    def is_free(self, block_id: int) -> bool:
+        """Whether ``block_id`` is on the free list."""
+        return block_id in self._free
+
+    def read(self, request_id: str) -> list[int]:
+        """The token ids ``request_id`` wrote (only tokens appended with ids are recorded)."""
+        out: list[int] = []
+        for b in self._table(request_id):
+            out.extend(self._content[b] or [])
+        return out
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that ``num_tokens`` tokens occupy: ``ceil(num_tokens / block_size)``."""
+        return -(-num_tokens // self._block_size)
+
+    def stats(self) -> PoolStats:
+        """Usage figures now."""
+        used = [b for b in range(self._num_blocks) if self._ref[b] > 0]
+        return PoolStats(
+            num_blocks=self._num_blocks,
+            block_size=self._block_size,
+            free_blocks=len(self._free),
+            used_blocks=len(used),
+            cached_blocks=len(self._cached),
+            shared_blocks=sum(1 for b in used if self._ref[b] > 1),
+            num_requests=len(self._tables),
+            logical_tokens=sum(self._tokens.values()),
+            stored_tokens=sum(self._fill[b] for b in used),
+            prefix_queries=self._counters["queries"],
+            prefix_hits=self._counters["hits"],
+            failed_allocations=self._counters["failed"],
+            cow_copies=self._counters["cow"],
+        )
+
+    # ---------------------------------------------------------------- mutations
+    def allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        prefix_hashes: Sequence[int] = (),
+        token_ids: Sequence[int] | None = None,
+    ) -> Allocation | None:
+        """Give a new request blocks for its first ``num_tokens`` tokens.
+
+        Full blocks whose hash (``prefix_hashes[i]`` for block ``i``) is cached are shared
+        instead of allocated. Returns ``None`` and changes nothing when the blocks do not fit.
+
+        Args:
+            request_id: a request that holds no blocks yet.
+            num_tokens: prompt tokens to hold (>= 0).
+            prefix_hashes: chained hashes of the prompt's full blocks (see
+                :func:`chain_block_hashes`); may be shorter than the prompt.
+            token_ids: optional (num_tokens,) ids to record as the blocks' content.
+
+        Raises:
+            BlockPoolError: ``request_id`` already holds blocks.
+            ValueError: ``num_tokens`` is negative or ``token_ids`` has another length.
+        """
+        if request_id in self._tables:
+            raise BlockPoolError(f"request {request_id!r} already holds blocks")
+        self._check_count("num_tokens", num_tokens)
+        if token_ids is not None and len(token_ids) != num_tokens:
+            raise ValueError(
+                f"'token_ids' must have num_tokens={num_tokens} ids: got {len(token_ids)}"
+            )
+        bs = self._block_size
+        full_blocks = num_tokens // bs
+        hits: list[int] = []
+        if self._prefix_caching:
+            for h in list(prefix_hashes)[:full_blocks]:
+                block = self._cached.get(h)
+                if block is None:
+                    break
+                hits.append(block)
+        hits_from_free = sum(1 for b in hits if self._ref[b] == 0)
+        fresh = self.blocks_needed(num_tokens) - len(hits)
+        if fresh > len(self._free) - hits_from_free:
+            self._counters["failed"] += 1
+            return None
+        if self._prefix_caching:
+            self._counters["queries"] += min(len(prefix_hashes), full_blocks)
+            self._counters["hits"] += len(hits)
+        table: list[int] = []
+        for b in hits:
+            self._take(b)
+            table.append(b)
+        for _ in range(fresh):
+            table.append(self._pop_free())
+        self._tables[request_id] = table
+        self._tokens[request_id] = 0
+        cached_tokens = len(hits) * bs
+        # Hit blocks are already full; fill the fresh ones.
+        for i, b in enumerate(table):
+            if i < len(hits):
+                continue
+            lo = i * bs
+            n = min(bs, num_tokens - lo)
+            self._fill[b] = n
+            if token_ids is not None:
+                self._content[b] = list(token_ids[lo : lo + n])
+            if self._prefix_caching and i < len(prefix_hashes) and n == bs:
+                self._register(b, prefix_hashes[i])
+        self._tokens[request_id] = num_tokens
+        return Allocation(block_ids=tuple(table), cached_tokens=cached_tokens)
+
+    def append(
+        self, request_id: str, num_tokens: int = 1, token_ids: Sequence[int] | None = None
+    ) -> bool:
+        """Grow ``request_id`` by ``num_tokens`` tokens, allocating at block boundaries.
+
+        A shared, partly filled last block is copied first (copy-on-write), so the other
+        owners' view never changes. Returns ``False`` and changes nothing when the blocks
+        needed are not free.
+        """
+        table = self._table(request_id)
+        self._check_count("num_tokens", num_tokens)
+        if token_ids is not None and len(token_ids) != num_tokens:
+            raise ValueError(
+                f"'token_ids' must have num_tokens={num_tokens} ids: got {len(token_ids)}"
+            )
+        if num_tokens == 0:
+            return True
+        bs = self._block_size
+        have = self._tokens[request_id]
+        partial = have % bs != 0
+        cow = partial and self._ref[table[-1]] > 1
+        new_blocks = self.blocks_needed(have + num_tokens) - len(table)
+        if new_blocks + int(cow) > len(self._free):
+            self._counters["failed"] += 1
+            return False
+        if cow:
+            self.copy_on_write(request_id, len(table) - 1)
+        ids = list(token_ids) if token_ids is not None else None
+        written = 0
+        pos = have
+        while written < num_tokens:
+            idx = pos // bs
+            if idx == len(table):
+                table.append(self._pop_free())
+            b = table[idx]
+            if self._ref[b] > 1:
+                raise BlockPoolError(  # pragma: no cover - guarded by the copy above
+                    f"write to shared block {b} of request {request_id!r}"
+                )
+            n = min(bs - pos % bs, num_tokens - written)
+            self._fill[b] += n
+            if ids is not None:
+                content = self._content[b]
+                if content is None:
+                    content = []
+                    self._content[b] = content
+                content.extend(ids[written : written + n])
+            written += n
+            pos += n
+        self._tokens[request_id] = have + num_tokens
+        return True
+
+    def copy_on_write(self, request_id: str, block_index: int) -> int | None:
+        """Give ``request_id`` a private copy of its logical block ``block_index``.
+
+        Returns the new block id, the same id when the block is not shared, or ``None`` when
+        no block is free (nothing changes).
+        """
+        table = self._table(request_id)
+        if not 0 <= block_index < len(table):
+            raise BlockPoolError(
+                f"'block_index' out of range [0, {len(table)}) for {request_id!r}: {block_index}"
+            )
+        old = table[block_index]
+        if self._ref[old] == 1:
+            return old
+        if not self._free:
+            self._counters["failed"] += 1
+            return None
+        new = self._pop_free()
+        self._fill[new] = self._fill[old]
+        content = self._content[old]
+        self._content[new] = list(content) if content is not None else None
+        self._ref[old] -= 1
+        table[block_index] = new
+        self._counters["cow"] += 1
+        return new
+
+    def check_writable(self, request_id: str, block_index: int) -> None:
+        """Raise :class:`BlockPoolError` if writing logical block ``block_index`` would
+        change another request's view (the block is shared and not yet copied)."""
+        table = self._table(request_id)
+        if not 0 <= block_index < len(table):
+            raise BlockPoolError(
+                f"'block_index' out of range [0, {len(table)}) for {request_id!r}: {block_index}"
+            )
+        b = table[block_index]
+        if self._ref[b] > 1:
+            raise BlockPoolError(
+                f"block {b} of request {request_id!r} is shared by {self._ref[b]} requests; "
+                "call copy_on_write() before writing to it"
+            )
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """Make ``child_id`` share every block of ``parent_id`` (no copy; beam or n > 1)."""
+        table = self._table(parent_id)
+        if child_id in self._tables:
+            raise BlockPoolError(f"request {child_id!r} already holds blocks")
+        for b in table:
+            self._ref[b] += 1
+        self._tables[child_id] = list(table)
+        self._tokens[child_id] = self._tokens[parent_id]
+
+    def free(self, request_id: str) -> None:
+        """Release every block of ``request_id``; blocks nobody else owns return to the
+        free list (keeping their prefix hash until reused)."""
+        table = self._tables.pop(request_id, None)
+        if table is None:
+            raise BlockPoolError(f"unknown request {request_id!r} (never allocated or freed)")
+        del self._tokens[request_id]
+        # Last blocks first, so that a prompt's first blocks stay cached the longest.
+        for b in reversed(table):
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                self._free[b] = None
+
+    def truncate(self, request_id: str, num_tokens: int) -> None:
+        """Drop tokens past ``num_tokens`` (rollback of speculative tokens), freeing whole
+        blocks no longer needed."""
+        table = self._table(request_id)
+        self._check_count("num_tokens", num_tokens)
+        have = self._tokens[request_id]
+        if num_tokens > have:
+            raise ValueError(f"'num_tokens' must be <= {have} held by {request_id!r}: {num_tokens}")
+        keep = self.blocks_needed(num_tokens)
+        if num_tokens % self._block_size and self._ref[table[keep - 1]] > 1:
+            if self.copy_on_write(request_id, keep - 1) is None:
+                raise BlockPoolError(f"no free block to copy before truncating {request_id!r}")
+        for b in table[keep:]:
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                self._free[b] = None
+        del table[keep:]
+        if keep:
+            last = table[-1]
+            n = num_tokens - (keep - 1) * self._block_size
+            if self._fill[last] != n:
+                self._unregister(last)
+                self._fill[last] = n
+                content = self._content[last]
+                if content is not None:
+                    del content[n:]
+        self._tokens[request_id] = num_tokens
+
+    # ---------------------------------------------------------------- internals
+    def _table(self, request_id: str) -> list[int]:
+        try:
+            return self._tables[request_id]
+        except KeyError:
+            raise BlockPoolError(f"unknown request {request_id!r}") from None
+
+    @staticmethod
+    def _check_count(name: str, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"'{name}' must be int: {value!r}")
+        if value < 0:
+            raise ValueError(f"'{name}' must be >= 0: {value}")
+
+    def _take(self, block: int) -> None:
+        if self._ref[block] == 0:
+            del self._free[block]
+        self._ref[block] += 1
+
+    def _pop_free(self) -> int:
+        block, _ = self._free.popitem(last=False)
+        self._unregister(block)
+        self._fill[block] = 0
+        self._content[block] = None
+        self._ref[block] = 1
+        return block
+
+    def _register(self, block: int, block_hash: int) -> None:
+        if block_hash not in self._cached:
+            self._cached[block_hash] = block
+            self._block_hash[block] = block_hash
+
+    def _unregister(self, block: int) -> None:
+        h = self._block_hash.pop(block, None)
+        if h is not None:
+            del self._cached[h]
+
+    def iter_owned(self) -> Iterable[tuple[str, tuple[int, ...]]]:
+        """``(request_id, block table)`` for every request (for checks and reports)."""
+        for rid, table in self._tables.items():
+            yield rid, tuple(table)

@@ -1,0 +1,115 @@
+"""The small Protocols other kvpolicy packages implement or consume.
+
+Each contract has one or two methods, so a policy is a small class and a composition of
+policies is itself a policy. No ``__init__`` is part of any contract.
+
+Token-level eviction works on *streams* (one per running request, or per request and KV
+head) and on token *positions* within a stream. Arrays are numpy so that a policy can handle
+a million cached tokens per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvpolicy.kvmodel._types import Request, SchedulerState, SequenceView
+
+__all__ = [
+    "AdmissionPolicy",
+    "CompletionObserver",
+    "EvictionPolicy",
+    "PreemptionPolicy",
+]
+
+
+@runtime_checkable
+class AdmissionPolicy(Protocol):
+    """Decides how many waiting requests join the running batch in one iteration."""
+
+    def admit(self, state: SchedulerState, waiting: Sequence[Request]) -> int:
+        """Return how many requests from the head of ``waiting`` to admit now.
+
+        Args:
+            state: the server at the start of the iteration.
+            waiting: the waiting queue, head first.
+
+        Returns:
+            A count in ``[0, len(waiting)]``. The caller admits that many, in order.
+        """
+        ...
+
+
+@runtime_checkable
+class CompletionObserver(Protocol):
+    """Learns from finished requests (online estimation of the length mix)."""
+
+    def observe_completion(self, request: Request, time: float) -> None:
+        """Record that ``request`` finished at ``time`` after ``request.decode_len`` tokens."""
+        ...
+
+
+@runtime_checkable
+class PreemptionPolicy(Protocol):
+    """Orders running requests for preemption when memory runs out."""
+
+    def order(self, running: Sequence[SequenceView]) -> list[str]:
+        """Return the request ids of ``running``, the first to preempt first."""
+        ...
+
+
+@runtime_checkable
+class EvictionPolicy(Protocol):
+    """Batch-global token eviction: one budget across every stream on a GPU.
+
+    The caller reports tokens as they enter the cache (:meth:`insert`), the attention they
+    receive (:meth:`observe`), and asks for evictions down to a budget (:meth:`evict`).
+    After :meth:`evict` returns, :meth:`resident_tokens` never exceeds the budget.
+    """
+
+    def insert(
+        self,
+        stream: str,
+        positions: NDArray[np.int64],
+        signals: NDArray[np.float64] | None = None,
+    ) -> None:
+        """Add tokens to the cache.
+
+        Args:
+            stream: stream (request) id; created on first use.
+            positions: (n,) int64 token positions within the stream, new to the cache.
+            signals: optional (n, k) float64 per-token features (e.g. a predicted return,
+                logit entropy); their meaning is the policy's.
+        """
+        ...
+
+    def observe(
+        self, stream: str, positions: NDArray[np.int64], attention: NDArray[np.float64]
+    ) -> None:
+        """Record attention mass received this step by resident tokens.
+
+        Args:
+            stream: stream id.
+            positions: (n,) int64 resident positions.
+            attention: (n,) float64 attention mass each received this step.
+        """
+        ...
+
+    def evict(self, budget_tokens: int) -> Mapping[str, NDArray[np.int64]]:
+        """Evict tokens until at most ``budget_tokens`` remain resident.
+
+        Returns:
+            For each stream that lost tokens, the (m,) int64 evicted positions.
+        """
+        ...
+
+    def remove(self, stream: str) -> None:
+        """Forget a finished or preempted stream and all its tokens."""
+        ...
+
+    def resident_tokens(self) -> int:
+        """Tokens resident across every stream."""
+        ...

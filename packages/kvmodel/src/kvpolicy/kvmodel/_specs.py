@@ -1,0 +1,111 @@
+"""Model and GPU specifications, and KV bytes per token (seed 004 §3.1, seed 001)."""
+
+from __future__ import annotations
+
+import attrs
+from attrs import field, frozen
+from attrs.validators import ge, gt, instance_of, le
+
+__all__ = ["KV_DTYPE_BYTES", "GPUSpec", "ModelSpec", "kv_dtype_bytes"]
+
+KV_DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+}
+"""Bytes of one KV element for each supported KV-cache dtype."""
+
+
+def kv_dtype_bytes(dtype: str) -> float:
+    """Bytes of one KV element of ``dtype``.
+
+    Raises:
+        ValueError: ``dtype`` is not one of :data:`KV_DTYPE_BYTES` (the message lists them).
+    """
+    try:
+        return KV_DTYPE_BYTES[dtype]
+    except KeyError:
+        known = ", ".join(KV_DTYPE_BYTES)
+        raise ValueError(f"'kv_dtype' must be one of {known}: {dtype!r}") from None
+
+
+def _pos_int() -> int:
+    return field(validator=[instance_of(int), gt(0)])  # type: ignore[no-any-return]
+
+
+def _check_dtype_bytes(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if value not in set(KV_DTYPE_BYTES.values()):
+        raise ValueError(
+            f"'{attribute.name}' must be one of {sorted(set(KV_DTYPE_BYTES.values()))}: {value!r}"
+        )
+
+
+@frozen
+class ModelSpec:
+    """Architecture facts that set the KV footprint of a decoder-only transformer."""
+
+    name: str = field(validator=instance_of(str))
+    """Display name, e.g. ``"Llama-3-8B"``."""
+    num_layers: int = _pos_int()
+    """Transformer layers ``L``."""
+    num_kv_heads: int = _pos_int()
+    """KV heads ``H_kv`` (fewer than query heads under GQA)."""
+    head_dim: int = _pos_int()
+    """Dimension ``d_h`` of one head."""
+    kv_dtype_bytes: float = field(default=2.0, converter=float, validator=_check_dtype_bytes)
+    """Bytes of one KV element ``b``: 4 (fp32), 2 (bf16/fp16), 1 (fp8/int8), 0.5 (int4)."""
+    max_context: int = field(default=8192, validator=[instance_of(int), gt(0)])
+    """Longest context (prompt + output) in tokens."""
+    num_params: int = field(default=0, validator=[instance_of(int), ge(0)])
+    """Parameter count (for weight bytes and FLOPs); 0 when unknown."""
+    weight_dtype_bytes: float = field(default=2.0, converter=float, validator=[gt(0.0), le(8.0)])
+    """Bytes per weight (2 for bf16)."""
+    num_attention_heads: int = field(default=0, validator=[instance_of(int), ge(0)])
+    """Query heads; 0 when equal to ``num_kv_heads``."""
+
+    def __attrs_post_init__(self) -> None:
+        per_token = 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
+        if per_token != int(per_token):
+            raise ValueError(
+                "'kv_dtype_bytes' gives a fractional byte count per token "
+                f"({per_token}) for {self.name!r}"
+            )
+
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes of one token: ``2 · L · H_kv · d_h · b`` (the 2 is K and V)."""
+        return int(2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes)
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        """KV bytes of one paged block of ``block_size`` tokens."""
+        if not isinstance(block_size, int) or isinstance(block_size, bool):
+            raise TypeError(f"'block_size' must be int: {block_size!r}")
+        if block_size <= 0:
+            raise ValueError(f"'block_size' must be > 0: {block_size}")
+        return block_size * self.kv_bytes_per_token()
+
+    def weight_bytes(self) -> int:
+        """Bytes of the model's weights: ``num_params · weight_dtype_bytes``."""
+        return int(self.num_params * self.weight_dtype_bytes)
+
+    def with_kv_dtype(self, dtype: str) -> ModelSpec:
+        """The same model with its KV cache stored as ``dtype`` (e.g. ``"fp8"``)."""
+        return attrs.evolve(self, kv_dtype_bytes=kv_dtype_bytes(dtype))
+
+
+@frozen
+class GPUSpec:
+    """An accelerator's memory and speed, for capacity planning and roofline timing."""
+
+    name: str = field(validator=instance_of(str))
+    """Display name, e.g. ``"H100-SXM"``."""
+    hbm_bytes: int = _pos_int()
+    """High-bandwidth memory in bytes."""
+    hbm_bandwidth: float = field(converter=float, validator=gt(0.0))
+    """HBM bandwidth in bytes per second."""
+    peak_flops: float = field(default=1e14, converter=float, validator=gt(0.0))
+    """Dense bf16 peak in FLOP/s."""
+    price_per_hour: float = field(default=0.0, converter=float, validator=ge(0.0))
+    """Rental price in dollars per hour (for cost reports); 0 when unknown."""

@@ -1,0 +1,122 @@
+"""Value types shared by every kvpolicy package.
+
+They are frozen, slotted attrs classes validated when built: a wrong type raises
+``TypeError`` and a wrong value ``ValueError``, naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+from attrs import field, frozen
+from attrs.validators import ge, gt, instance_of
+
+__all__ = ["MemoryBudget", "Request", "SchedulerState", "SequenceView"]
+
+
+def _finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"'{attribute.name}' must be finite: {value!r}")
+
+
+def _int_field(minimum: int, default: int | None = None) -> int:
+    validators = [instance_of(int), ge(minimum)]
+    if default is None:
+        return field(validator=validators)  # type: ignore[no-any-return]
+    return field(default=default, validator=validators)  # type: ignore[no-any-return]
+
+
+@frozen
+class Request:
+    """One inference request as it arrives at a server.
+
+    ``decode_len`` is the number of tokens the request will generate. A simulator knows it;
+    a policy should not peek at it (real requests do not declare it) unless it models an
+    oracle on purpose.
+    """
+
+    request_id: str = field(validator=instance_of(str))
+    """Unique identifier of the request."""
+    prompt_len: int = _int_field(1)
+    """Input (prefill) length in tokens, ``l0`` of seed 002."""
+    decode_len: int = _int_field(1)
+    """Output (decode) length in tokens, ``l1`` of seed 002."""
+    arrival_time: float = field(default=0.0, converter=float, validator=[_finite, ge(0.0)])
+    """Arrival time in seconds since the start of the workload."""
+    tenant: str = field(default="default", validator=instance_of(str))
+    """Tenant (client) the request belongs to."""
+    priority: int = field(default=0, validator=instance_of(int))
+    """Larger is more important."""
+    prefix_hashes: tuple[int, ...] = field(default=(), converter=tuple)
+    """Chained hashes of the prompt's full blocks, for prefix caching (may be empty)."""
+
+    @property
+    def total_len(self) -> int:
+        """Tokens held at completion: ``prompt_len + decode_len``."""
+        return self.prompt_len + self.decode_len
+
+
+@frozen
+class SequenceView:
+    """Read-only snapshot of one running sequence, as a policy sees it."""
+
+    request_id: str = field(validator=instance_of(str))
+    """Identifier of the request this sequence serves."""
+    prompt_len: int = _int_field(1)
+    """Input length in tokens."""
+    generated: int = _int_field(0)
+    """Tokens decoded so far."""
+    kv_tokens: int = _int_field(0)
+    """Tokens whose KV is resident in GPU memory now (after any token eviction)."""
+    tenant: str = field(default="default", validator=instance_of(str))
+    """Tenant of the request."""
+    priority: int = field(default=0, validator=instance_of(int))
+    """Larger is more important."""
+    arrival_time: float = field(default=0.0, converter=float, validator=_finite)
+    """Arrival time of the request in seconds."""
+    admitted_time: float = field(default=0.0, converter=float, validator=_finite)
+    """Time the request was (last) admitted to the running batch."""
+    computed_tokens: int = _int_field(0, default=0)
+    """Prompt and decode tokens computed so far (what preemption by recomputation loses)."""
+
+    @property
+    def progress(self) -> int:
+        """Decode steps done: seed 002's stage ``j`` of a request."""
+        return self.generated
+
+
+@frozen
+class MemoryBudget:
+    """KV memory available on one GPU, in tokens and bytes."""
+
+    capacity_tokens: int = _int_field(1)
+    """Number of tokens whose KV fits (``M`` of seed 002)."""
+    bytes_per_token: int = field(default=1, validator=[instance_of(int), gt(0)])
+    """KV bytes of one token (see :meth:`ModelSpec.kv_bytes_per_token`)."""
+
+    @property
+    def capacity_bytes(self) -> int:
+        """``capacity_tokens * bytes_per_token``."""
+        return self.capacity_tokens * self.bytes_per_token
+
+
+@frozen
+class SchedulerState:
+    """What an admission policy sees at the start of one iteration."""
+
+    step: int = _int_field(0)
+    """Iteration index since the start."""
+    time: float = field(converter=float, validator=_finite)
+    """Simulated (or wall-clock) time in seconds."""
+    used_tokens: int = _int_field(0)
+    """KV tokens resident now."""
+    capacity_tokens: int = _int_field(1)
+    """KV tokens that fit (the hard budget)."""
+    running: tuple[SequenceView, ...] = field(default=(), converter=tuple)
+    """The running batch."""
+
+    @property
+    def free_tokens(self) -> int:
+        """Capacity left now (never negative)."""
+        return max(0, self.capacity_tokens - self.used_tokens)

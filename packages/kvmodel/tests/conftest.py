@@ -1,0 +1,14 @@
+"""Fixtures of kvpolicy-kvmodel's tests."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    random.seed(0)
+    np.random.seed(0)
