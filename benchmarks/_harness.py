@@ -1,0 +1,68 @@
+"""Shared plumbing of the benchmark scripts: arguments, machine description, JSON output.
+
+Every ``benchmarks/bench_*.py`` calls :func:`parse_args` and :func:`write_result`, so that
+``nox -s bench`` leaves one JSON file per benchmark under ``results/bench/`` holding the
+figures and the machine that measured them. Figures are ratios against a baseline measured
+in the same run wherever possible: these machines are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import pathlib
+import platform
+import sys
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    """Describe the machine: CPU model, cores, memory, Python and key library versions."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        import cpuinfo  # type: ignore[import-untyped]
+
+        info["cpu"] = cpuinfo.get_cpu_info().get("brand_raw", "")
+    except ImportError:
+        info["cpu"] = platform.processor()
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        info["memory_bytes"] = int(pages)
+    except (ValueError, OSError, AttributeError):
+        pass
+    for mod in ("numpy", "scipy", "torch", "triton"):
+        try:
+            info[f"{mod}_version"] = __import__(mod).__version__
+        except ImportError:
+            continue
+    return info
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    """Common arguments: ``--out DIR`` for the JSON and ``--quick`` for a short run."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/bench"))
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    return parser.parse_args()
+
+
+def write_result(name: str, figures: dict[str, Any], out: pathlib.Path) -> pathlib.Path:
+    """Write ``{"benchmark", "time", "machine", "figures"}`` to ``out/<name>.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    doc = {
+        "benchmark": name,
+        "time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "figures": figures,
+    }
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    print(f"{name}: wrote {path}")
+    return path
