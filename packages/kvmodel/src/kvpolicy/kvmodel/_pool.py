@@ -413,9 +413,12 @@ class BlockPool:
         if num_tokens > have:
             raise ValueError(f"'num_tokens' must be <= {have} held by {request_id!r}: {num_tokens}")
         keep = self.blocks_needed(num_tokens)
-        if num_tokens % self._block_size and self._ref[table[keep - 1]] > 1:
-            if self.copy_on_write(request_id, keep - 1) is None:
-                raise BlockPoolError(f"no free block to copy before truncating {request_id!r}")
+        if (
+            num_tokens % self._block_size
+            and self._ref[table[keep - 1]] > 1
+            and self.copy_on_write(request_id, keep - 1) is None
+        ):
+            raise BlockPoolError(f"no free block to copy before truncating {request_id!r}")
         for b in table[keep:]:
             self._ref[b] -= 1
             if self._ref[b] == 0:

@@ -32,10 +32,6 @@ def kv_dtype_bytes(dtype: str) -> float:
         raise ValueError(f"'kv_dtype' must be one of {known}: {dtype!r}") from None
 
 
-def _pos_int() -> int:
-    return field(validator=[instance_of(int), gt(0)])  # type: ignore[no-any-return]
-
-
 def _check_dtype_bytes(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
     if value not in set(KV_DTYPE_BYTES.values()):
         raise ValueError(
@@ -49,11 +45,11 @@ class ModelSpec:
 
     name: str = field(validator=instance_of(str))
     """Display name, e.g. ``"Llama-3-8B"``."""
-    num_layers: int = _pos_int()
+    num_layers: int = field(validator=[instance_of(int), gt(0)])
     """Transformer layers ``L``."""
-    num_kv_heads: int = _pos_int()
+    num_kv_heads: int = field(validator=[instance_of(int), gt(0)])
     """KV heads ``H_kv`` (fewer than query heads under GQA)."""
-    head_dim: int = _pos_int()
+    head_dim: int = field(validator=[instance_of(int), gt(0)])
     """Dimension ``d_h`` of one head."""
     kv_dtype_bytes: float = field(default=2.0, converter=float, validator=_check_dtype_bytes)
     """Bytes of one KV element ``b``: 4 (fp32), 2 (bf16/fp16), 1 (fp8/int8), 0.5 (int4)."""
@@ -101,7 +97,7 @@ class GPUSpec:
 
     name: str = field(validator=instance_of(str))
     """Display name, e.g. ``"H100-SXM"``."""
-    hbm_bytes: int = _pos_int()
+    hbm_bytes: int = field(validator=[instance_of(int), gt(0)])
     """High-bandwidth memory in bytes."""
     hbm_bandwidth: float = field(converter=float, validator=gt(0.0))
     """HBM bandwidth in bytes per second."""

@@ -20,13 +20,6 @@ def _finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> N
         raise ValueError(f"'{attribute.name}' must be finite: {value!r}")
 
 
-def _int_field(minimum: int, default: int | None = None) -> int:
-    validators = [instance_of(int), ge(minimum)]
-    if default is None:
-        return field(validator=validators)  # type: ignore[no-any-return]
-    return field(default=default, validator=validators)  # type: ignore[no-any-return]
-
-
 @frozen
 class Request:
     """One inference request as it arrives at a server.
@@ -38,9 +31,9 @@ class Request:
 
     request_id: str = field(validator=instance_of(str))
     """Unique identifier of the request."""
-    prompt_len: int = _int_field(1)
+    prompt_len: int = field(validator=[instance_of(int), ge(1)])
     """Input (prefill) length in tokens, ``l0`` of seed 002."""
-    decode_len: int = _int_field(1)
+    decode_len: int = field(validator=[instance_of(int), ge(1)])
     """Output (decode) length in tokens, ``l1`` of seed 002."""
     arrival_time: float = field(default=0.0, converter=float, validator=[_finite, ge(0.0)])
     """Arrival time in seconds since the start of the workload."""
@@ -63,11 +56,11 @@ class SequenceView:
 
     request_id: str = field(validator=instance_of(str))
     """Identifier of the request this sequence serves."""
-    prompt_len: int = _int_field(1)
+    prompt_len: int = field(validator=[instance_of(int), ge(1)])
     """Input length in tokens."""
-    generated: int = _int_field(0)
+    generated: int = field(validator=[instance_of(int), ge(0)])
     """Tokens decoded so far."""
-    kv_tokens: int = _int_field(0)
+    kv_tokens: int = field(validator=[instance_of(int), ge(0)])
     """Tokens whose KV is resident in GPU memory now (after any token eviction)."""
     tenant: str = field(default="default", validator=instance_of(str))
     """Tenant of the request."""
@@ -77,7 +70,7 @@ class SequenceView:
     """Arrival time of the request in seconds."""
     admitted_time: float = field(default=0.0, converter=float, validator=_finite)
     """Time the request was (last) admitted to the running batch."""
-    computed_tokens: int = _int_field(0, default=0)
+    computed_tokens: int = field(default=0, validator=[instance_of(int), ge(0)])
     """Prompt and decode tokens computed so far (what preemption by recomputation loses)."""
 
     @property
@@ -90,7 +83,7 @@ class SequenceView:
 class MemoryBudget:
     """KV memory available on one GPU, in tokens and bytes."""
 
-    capacity_tokens: int = _int_field(1)
+    capacity_tokens: int = field(validator=[instance_of(int), ge(1)])
     """Number of tokens whose KV fits (``M`` of seed 002)."""
     bytes_per_token: int = field(default=1, validator=[instance_of(int), gt(0)])
     """KV bytes of one token (see :meth:`ModelSpec.kv_bytes_per_token`)."""
@@ -105,13 +98,13 @@ class MemoryBudget:
 class SchedulerState:
     """What an admission policy sees at the start of one iteration."""
 
-    step: int = _int_field(0)
+    step: int = field(validator=[instance_of(int), ge(0)])
     """Iteration index since the start."""
     time: float = field(converter=float, validator=_finite)
     """Simulated (or wall-clock) time in seconds."""
-    used_tokens: int = _int_field(0)
+    used_tokens: int = field(validator=[instance_of(int), ge(0)])
     """KV tokens resident now."""
-    capacity_tokens: int = _int_field(1)
+    capacity_tokens: int = field(validator=[instance_of(int), ge(1)])
     """KV tokens that fit (the hard budget)."""
     running: tuple[SequenceView, ...] = field(default=(), converter=tuple)
     """The running batch."""

@@ -1,0 +1,183 @@
+"""The paged block pool: allocation, sharing, copy-on-write, prefix caching."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpolicy.kvmodel import BlockPool, BlockPoolError, chain_block_hashes
+
+
+def make_pool(num_blocks: int = 8, block_size: int = 4) -> BlockPool:
+    return BlockPool(num_blocks=num_blocks, block_size=block_size)
+
+
+class TestAllocation:
+    def test_blocks_at_boundaries(self) -> None:
+        """10 tokens in blocks of 4 take 3 blocks; the 13th token takes a 4th."""
+        pool = make_pool()
+        alloc = pool.allocate("a", 10)
+        assert alloc is not None
+        assert alloc.block_ids == (0, 1, 2)
+        assert pool.append("a", 2)
+        assert pool.block_table("a") == (0, 1, 2)
+        assert pool.append("a", 1)
+        assert pool.block_table("a") == (0, 1, 2, 3)
+        assert pool.num_tokens("a") == 13
+
+    def test_out_of_blocks_is_a_return_value(self) -> None:
+        """Allocation that does not fit returns None and changes nothing."""
+        pool = make_pool(num_blocks=2)
+        assert pool.allocate("a", 9) is None
+        assert pool.num_free_blocks == 2
+        assert not pool.has_request("a")
+        assert pool.stats().failed_allocations == 1
+
+    def test_append_out_of_blocks_changes_nothing(self) -> None:
+        """An append that needs a missing block returns False and keeps the request as it was."""
+        pool = make_pool(num_blocks=1)
+        pool.allocate("a", 4)
+        assert pool.append("a", 1) is False
+        assert pool.num_tokens("a") == 4
+        assert pool.block_table("a") == (0,)
+
+    def test_free_returns_blocks(self) -> None:
+        """Freed blocks go back to the free list."""
+        pool = make_pool()
+        pool.allocate("a", 8)
+        pool.free("a")
+        assert pool.num_free_blocks == 8
+        assert pool.requests() == []
+
+    def test_double_free_raises(self) -> None:
+        """Freeing twice is misuse."""
+        pool = make_pool()
+        pool.allocate("a", 1)
+        pool.free("a")
+        with pytest.raises(BlockPoolError, match="unknown request 'a'"):
+            pool.free("a")
+
+    def test_unknown_request_raises(self) -> None:
+        """Appending to a request that holds nothing is misuse."""
+        with pytest.raises(BlockPoolError, match="unknown request 'x'"):
+            make_pool().append("x")
+
+    def test_allocate_twice_raises(self) -> None:
+        """A request cannot be allocated twice."""
+        pool = make_pool()
+        pool.allocate("a", 1)
+        with pytest.raises(BlockPoolError, match="already holds"):
+            pool.allocate("a", 1)
+
+    @pytest.mark.parametrize(("n", "b"), [(0, 4), (-1, 4), (4, 0)])
+    def test_bad_sizes(self, n: int, b: int) -> None:
+        """Zero or negative pool sizes are rejected."""
+        with pytest.raises(ValueError, match="must be > 0"):
+            BlockPool(n, b)
+
+    def test_negative_tokens_rejected(self) -> None:
+        """A negative token count names the field."""
+        with pytest.raises(ValueError, match="'num_tokens' must be >= 0: -1"):
+            make_pool().allocate("a", -1)
+
+
+class TestSharing:
+    def test_fork_shares_and_cow_copies_partial_block(self) -> None:
+        """A forked request shares blocks; appending copies only the partial last block."""
+        pool = make_pool()
+        pool.allocate("a", 6, token_ids=[1, 2, 3, 4, 5, 6])
+        pool.fork("a", "b")
+        assert pool.stats().shared_blocks == 2
+        assert pool.append("b", 1, token_ids=[70])
+        assert pool.read("a") == [1, 2, 3, 4, 5, 6]
+        assert pool.read("b") == [1, 2, 3, 4, 5, 6, 70]
+        assert pool.block_table("a")[0] == pool.block_table("b")[0]
+        assert pool.block_table("a")[1] != pool.block_table("b")[1]
+        assert pool.stats().cow_copies == 1
+
+    def test_write_to_shared_block_raises(self) -> None:
+        """Writing a shared block without a copy is refused."""
+        pool = make_pool()
+        pool.allocate("a", 4)
+        pool.fork("a", "b")
+        with pytest.raises(BlockPoolError, match="shared by 2 requests"):
+            pool.check_writable("b", 0)
+        assert pool.copy_on_write("b", 0) is not None
+        pool.check_writable("b", 0)
+
+    def test_shared_blocks_survive_one_free(self) -> None:
+        """Freeing one owner keeps the block for the other."""
+        pool = make_pool()
+        pool.allocate("a", 4)
+        pool.fork("a", "b")
+        pool.free("a")
+        assert pool.ref_count(pool.block_table("b")[0]) == 1
+        assert pool.num_free_blocks == 7
+
+
+class TestPrefixCache:
+    def test_prefix_hit_reuses_blocks(self) -> None:
+        """A second request with the same prompt shares its full blocks."""
+        pool = make_pool()
+        tokens = list(range(10))
+        hashes = chain_block_hashes(tokens, 4)
+        assert len(hashes) == 2
+        pool.allocate("a", 10, prefix_hashes=hashes)
+        alloc = pool.allocate("b", 10, prefix_hashes=hashes)
+        assert alloc is not None
+        assert alloc.cached_tokens == 8
+        assert alloc.block_ids[:2] == pool.block_table("a")[:2]
+        assert pool.stats().prefix_hit_rate == 0.5
+
+    def test_freed_cached_blocks_are_reused(self) -> None:
+        """A freed prompt's blocks stay cached until their slots are needed."""
+        pool = make_pool(num_blocks=4)
+        hashes = chain_block_hashes(list(range(8)), 4)
+        pool.allocate("a", 8, prefix_hashes=hashes)
+        pool.free("a")
+        alloc = pool.allocate("b", 8, prefix_hashes=hashes)
+        assert alloc is not None
+        assert alloc.cached_tokens == 8
+
+    def test_cached_blocks_evicted_lru(self) -> None:
+        """When free blocks run short, the least recently freed cached block goes first."""
+        pool = make_pool(num_blocks=2, block_size=4)
+        ha = chain_block_hashes([1, 1, 1, 1], 4)
+        hb = chain_block_hashes([2, 2, 2, 2], 4)
+        pool.allocate("a", 4, prefix_hashes=ha)
+        pool.allocate("b", 4, prefix_hashes=hb)
+        pool.free("a")
+        pool.free("b")
+        pool.allocate("c", 4)  # takes a's block, freed first
+        alloc_b = pool.allocate("b2", 4, prefix_hashes=hb)
+        assert alloc_b is not None
+        assert alloc_b.cached_tokens == 4
+        pool.free("c")
+        alloc_a = pool.allocate("a2", 4, prefix_hashes=ha)
+        assert alloc_a is not None
+        assert alloc_a.cached_tokens == 0
+
+    def test_chain_hashes_depend_on_prefix(self) -> None:
+        """Equal blocks after different prefixes hash differently."""
+        h1 = chain_block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4)
+        h2 = chain_block_hashes([9, 2, 3, 4, 5, 6, 7, 8], 4)
+        assert h1[1] != h2[1]
+        assert chain_block_hashes([1, 2, 3], 4) == ()
+
+
+class TestTruncate:
+    def test_rollback_frees_blocks(self) -> None:
+        """Truncating speculative tokens frees the blocks past the new end."""
+        pool = make_pool()
+        pool.allocate("a", 3, token_ids=[1, 2, 3])
+        pool.append("a", 6, token_ids=[4, 5, 6, 7, 8, 9])
+        pool.truncate("a", 5)
+        assert pool.read("a") == [1, 2, 3, 4, 5]
+        assert len(pool.block_table("a")) == 2
+        assert pool.num_free_blocks == 6
+
+    def test_truncate_beyond_length_rejected(self) -> None:
+        """Truncating to more tokens than held is a ValueError."""
+        pool = make_pool()
+        pool.allocate("a", 3)
+        with pytest.raises(ValueError, match="'num_tokens' must be <= 3"):
+            pool.truncate("a", 4)
