@@ -1,0 +1,487 @@
+"""Tests of kvpolicy.sim.workloads: the Workload type, describe, generators and presets."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvpolicy.sim.workloads as wl
+from kvpolicy.kvmodel import Request
+from kvpolicy.sim.workloads import (
+    SERVICE_CLASSES,
+    WORKLOAD_NAMES,
+    EmpiricalLengths,
+    FixedLengths,
+    GammaArrivals,
+    LogNormalLengths,
+    PMFLengths,
+    Poisson,
+    Saturated,
+    SyntheticConfig,
+    TenantSpec,
+    Workload,
+    describe,
+    generate,
+    get_workload,
+    workload_config,
+)
+
+
+def make_request(i: int, t: float, prompt: int = 10, decode: int = 5, **kw: object) -> Request:
+    return Request(request_id=f"r{i}", prompt_len=prompt, decode_len=decode, arrival_time=t, **kw)  # type: ignore[arg-type]
+
+
+def make_workload(times: list[float], **kw: object) -> Workload:
+    reqs = tuple(make_request(i, t) for i, t in enumerate(times))
+    return Workload(name="w", requests=reqs, source="synthetic:w", **kw)  # type: ignore[arg-type]
+
+
+class TestExports:
+    def test_all_is_sorted_and_complete(self) -> None:
+        """__all__ is sorted, unique, and exactly the public names of the package."""
+        public = {n for n in dir(wl) if not n.startswith("_")} - {"annotations"}
+        modules = {n for n in public if type(getattr(wl, n)).__name__ == "module"}
+        assert public - modules == set(wl.__all__)
+        assert list(wl.__all__) == sorted(wl.__all__, key=lambda n: (not n.isupper(), n))
+        assert len(wl.__all__) == len(set(wl.__all__))
+
+
+class TestWorkload:
+    def test_properties(self) -> None:
+        """Duration, start, rate and tenants come from the requests."""
+        reqs = (
+            make_request(0, 1.0, tenant="b"),
+            make_request(1, 2.0, tenant="a"),
+            make_request(2, 5.0, tenant="b"),
+        )
+        w = Workload(name="w", requests=reqs, source="x")
+        assert w.num_requests == 3
+        assert w.start_time == 1.0
+        assert w.duration == 4.0
+        assert w.mean_rate == 0.5
+        assert w.tenants == ("a", "b")
+        assert w.arrival_times().tolist() == [1.0, 2.0, 5.0]
+
+    def test_empty_workload(self) -> None:
+        """An empty workload is valid and spans no time."""
+        w = make_workload([])
+        assert (w.num_requests, w.duration, w.start_time, w.tenants) == (0, 0.0, 0.0, ())
+
+    def test_mean_rate_needs_two_requests(self) -> None:
+        """mean_rate of a single request is an error naming the count."""
+        with pytest.raises(ValueError, match="at least 2 requests: 1"):
+            _ = make_workload([0.0]).mean_rate
+
+    def test_unsorted_requests_rejected(self) -> None:
+        """Requests out of arrival order are rejected, naming the index."""
+        with pytest.raises(ValueError, match=r"requests\[1\] arrives at 1.0"):
+            make_workload([2.0, 1.0])
+
+    def test_duplicate_ids_rejected(self) -> None:
+        """Two requests with one id are rejected, naming the id."""
+        reqs = (make_request(0, 0.0), make_request(0, 1.0))
+        with pytest.raises(ValueError, match="'r0' repeats"):
+            Workload(name="w", requests=reqs, source="x")
+
+    def test_non_request_rejected(self) -> None:
+        """A request that is not a kvmodel.Request is a TypeError naming the index."""
+        with pytest.raises(TypeError, match=r"requests\[0\]"):
+            Workload(name="w", requests=("nope",), source="x")  # type: ignore[arg-type]
+
+    def test_negative_counts_rejected(self) -> None:
+        """skipped_rows and clamped_rows must be >= 0."""
+        with pytest.raises(ValueError, match="skipped_rows"):
+            make_workload([0.0], skipped_rows=-1)
+        with pytest.raises(ValueError, match="clamped_rows"):
+            make_workload([0.0], clamped_rows=-2)
+
+    def test_empty_name_rejected(self) -> None:
+        """The name must not be empty."""
+        with pytest.raises(ValueError, match="name"):
+            Workload(name="", requests=(), source="x")
+
+    def test_head(self) -> None:
+        """head keeps the first n requests, and the whole workload when n is larger."""
+        w = make_workload([0.0, 1.0, 2.0])
+        assert [r.request_id for r in w.head(2).requests] == ["r0", "r1"]
+        assert w.head(10) is w
+        with pytest.raises(ValueError, match="'num_requests' must be >= 0: -1"):
+            w.head(-1)
+        with pytest.raises(TypeError, match="'num_requests' must be int"):
+            w.head(1.5)  # type: ignore[arg-type]
+
+    def test_with_rate_rescales_about_the_first_arrival(self) -> None:
+        """with_rate stretches time so the mean rate is the one asked, and notes it."""
+        w = make_workload([10.0, 11.0, 12.0, 14.0])  # 3 gaps over 4 s: 0.75 req/s
+        fast = w.with_rate(1.5)
+        assert fast.arrival_times().tolist() == [10.0, 10.5, 11.0, 12.0]
+        assert fast.mean_rate == 1.5
+        assert fast.notes == ("arrival times scaled by 0.5 to a mean rate of 1.5 req/s",)
+
+    @pytest.mark.parametrize("rate", [0.0, -1.0, math.inf, math.nan])
+    def test_with_rate_rejects_bad_rates(self, rate: float) -> None:
+        """A rate that is not finite and positive is a ValueError naming 'rate'."""
+        with pytest.raises(ValueError, match="'rate' must be finite and > 0"):
+            make_workload([0.0, 1.0]).with_rate(rate)
+
+    def test_with_rate_rejects_a_timeless_workload(self) -> None:
+        """A workload whose requests all arrive at once has no rate to rescale."""
+        with pytest.raises(ValueError, match="spans no time"):
+            make_workload([0.0, 0.0]).with_rate(2.0)
+
+
+class TestDescribe:
+    def test_exact_figures(self) -> None:
+        """describe gives exact counts, rate, CV, length statistics and tenant shares."""
+        reqs = (
+            make_request(0, 0.0, prompt=10, decode=1, tenant="a", priority=2),
+            make_request(1, 1.0, prompt=20, decode=3, tenant="b"),
+            make_request(2, 3.0, prompt=30, decode=5, tenant="a", priority=2),
+        )
+        d = describe(Workload(name="w", requests=reqs, source="s", skipped_rows=4))
+        assert d["num_requests"] == 3
+        assert d["skipped_rows"] == 4
+        assert d["duration_s"] == 3.0
+        assert d["mean_rate_rps"] == pytest.approx(2 / 3)
+        assert d["interarrival_cv"] == pytest.approx(0.5 / 1.5)
+        assert d["prompt_tokens"] == {
+            "mean": 20.0, "p50": 20.0, "p90": 28.0, "p99": 29.8, "max": 30, "total": 60,
+        }  # fmt: skip
+        assert d["decode_tokens"]["total"] == 9
+        assert d["tenants"]["a"] == {
+            "requests": 2, "share": 2 / 3, "priorities": [2],
+            "prompt_tokens_mean": 20.0, "decode_tokens_mean": 3.0,
+        }  # fmt: skip
+        assert d["prefix"]["block_references"] == 0
+
+    def test_prefix_hit_ratio(self) -> None:
+        """The unbounded-cache hit ratio counts every repeat of a hash after its first use."""
+        reqs = (
+            make_request(0, 0.0, prompt=48, prefix_hashes=(1, 2, 3)),
+            make_request(1, 1.0, prompt=48, prefix_hashes=(1, 2, 4)),
+            make_request(2, 2.0, prompt=16, prefix_hashes=(1,)),
+        )
+        prefix = describe(Workload(name="w", requests=reqs, source="s"))["prefix"]
+        assert prefix == {
+            "requests_with_hashes": 3, "block_references": 7, "unique_blocks": 4,
+            "hit_ratio": 3 / 7,
+        }  # fmt: skip
+
+    def test_empty(self) -> None:
+        """An empty workload describes with nulls where a statistic is undefined."""
+        d = describe(make_workload([]))
+        assert d["mean_rate_rps"] is None
+        assert d["interarrival_cv"] is None
+        assert d["prompt_tokens"]["mean"] is None
+        assert d["tenants"] == {}
+
+    def test_summary_property_and_type_check(self) -> None:
+        """Workload.summary is describe(); describe rejects other objects."""
+        w = make_workload([0.0, 1.0])
+        assert w.summary == describe(w)
+        with pytest.raises(TypeError, match="'workload' must be a Workload"):
+            describe("w")  # type: ignore[arg-type]
+
+
+class TestArrivals:
+    def test_gamma_moments(self) -> None:
+        """Gamma gaps have the requested mean and CV (200k draws, seed 0)."""
+        t = GammaArrivals(rate=4.0, cv=2.5).sample(200_000, np.random.default_rng(0))
+        gaps = np.diff(t)
+        assert gaps.mean() == pytest.approx(0.25, rel=0.02)
+        assert gaps.std() / gaps.mean() == pytest.approx(2.5, rel=0.03)
+
+    def test_fit_recovers_parameters(self) -> None:
+        """GammaArrivals.fit recovers rate and CV of its own samples."""
+        t = GammaArrivals(rate=3.0, cv=0.5).sample(100_000, np.random.default_rng(1))
+        fit = GammaArrivals.fit(t)
+        assert fit.rate == pytest.approx(3.0, rel=0.01)
+        assert fit.cv == pytest.approx(0.5, rel=0.02)
+
+    def test_poisson_is_cv_one(self) -> None:
+        """Poisson gaps are exponential: CV 1."""
+        t = Poisson(rate=10.0).sample(100_000, np.random.default_rng(2))
+        gaps = np.diff(t)
+        assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.02)
+        assert Poisson(2.0).cv == 1.0
+
+    def test_saturated(self) -> None:
+        """Saturated arrivals are all at 0 with an infinite rate."""
+        s = Saturated()
+        assert s.sample(3, np.random.default_rng(0)).tolist() == [0.0, 0.0, 0.0]
+        assert s.rate == math.inf
+        assert s.scaled(2.0) is s
+
+    def test_scaled_keeps_cv(self) -> None:
+        """Scaling multiplies the rate and keeps the CV."""
+        assert GammaArrivals(2.0, 3.0).scaled(0.25) == GammaArrivals(0.5, 3.0)
+        assert Poisson(2.0).scaled(3.0) == Poisson(6.0)
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "match"),
+        [
+            ({"rate": 0.0}, ValueError, "'rate' must be finite and > 0: 0.0"),
+            ({"rate": math.inf}, ValueError, "'rate' must be finite and > 0: inf"),
+            ({"rate": 1.0, "cv": -1.0}, ValueError, "'cv' must be finite and > 0: -1.0"),
+            ({"rate": "1"}, TypeError, "'rate' must be a number: '1'"),
+        ],
+    )
+    def test_validation(self, kwargs: dict[str, object], error: type, match: str) -> None:
+        """Bad rate or CV raises naming the parameter and value."""
+        with pytest.raises(error, match=match):
+            GammaArrivals(**kwargs)  # type: ignore[arg-type]
+
+    def test_fit_rejects_short_or_timeless_input(self) -> None:
+        """fit needs three arrivals that span time."""
+        with pytest.raises(ValueError, match=">= 3 entries"):
+            GammaArrivals.fit(np.array([0.0, 1.0]))
+        with pytest.raises(ValueError, match="must span time"):
+            GammaArrivals.fit(np.zeros(5))
+
+    @settings(max_examples=50, deadline=None)
+    @given(
+        rate=st.floats(0.01, 1000.0),
+        cv=st.floats(0.05, 10.0),
+        n=st.integers(0, 200),
+        seed=st.integers(0, 2**32 - 1),
+    )
+    def test_samples_are_sorted_non_negative(
+        self, rate: float, cv: float, n: int, seed: int
+    ) -> None:
+        """Every process returns n non-decreasing, non-negative times."""
+        t = GammaArrivals(rate, cv).sample(n, np.random.default_rng(seed))
+        assert t.shape == (n,)
+        assert (t >= 0).all()
+        assert (np.diff(t) >= 0).all()
+
+
+class TestLengths:
+    def test_fixed(self) -> None:
+        """FixedLengths returns the same pair for every request."""
+        out = FixedLengths(7, 3).sample(2, np.random.default_rng(0))
+        assert out.tolist() == [[7, 3], [7, 3]]
+        assert out.dtype == np.int64
+
+    def test_lognormal_fit_recovers_parameters(self) -> None:
+        """Fitting a lognormal sample recovers its log-moments and correlation."""
+        dist = LogNormalLengths(6.0, 0.8, 4.0, 1.1, correlation=-0.4)
+        s = dist.sample(100_000, np.random.default_rng(3))
+        fit = LogNormalLengths.fit(s[:, 0].tolist(), s[:, 1].tolist())
+        assert fit.prompt_mu == pytest.approx(6.0, abs=0.01)
+        assert fit.prompt_sigma == pytest.approx(0.8, abs=0.01)
+        assert fit.decode_mu == pytest.approx(4.0, abs=0.01)
+        assert fit.decode_sigma == pytest.approx(1.1, abs=0.01)
+        assert fit.correlation == pytest.approx(-0.4, abs=0.02)
+        assert fit.max_prompt_len == int(s[:, 0].max())
+
+    @settings(max_examples=50, deadline=None)
+    @given(
+        mu=st.floats(-2.0, 12.0),
+        sigma=st.floats(0.01, 3.0),
+        rho=st.floats(-1.0, 1.0),
+        cap=st.integers(1, 5000),
+        seed=st.integers(0, 2**32 - 1),
+    )
+    def test_lognormal_within_bounds(
+        self, mu: float, sigma: float, rho: float, cap: int, seed: int
+    ) -> None:
+        """Lognormal lengths are integers in [1, max] whatever the parameters."""
+        dist = LogNormalLengths(mu, sigma, mu, sigma, rho, max_prompt_len=cap, max_decode_len=cap)
+        out = dist.sample(64, np.random.default_rng(seed))
+        assert out.shape == (64, 2)
+        assert out.min() >= 1
+        assert out.max() <= cap
+
+    def test_lognormal_validation(self) -> None:
+        """A correlation outside [-1, 1] or a non-positive sigma is rejected by name."""
+        with pytest.raises(ValueError, match=r"'correlation' must be <= 1: 1.5"):
+            LogNormalLengths(1.0, 1.0, 1.0, 1.0, correlation=1.5)
+        with pytest.raises(ValueError, match=r"'prompt_sigma' must be finite and > 0: 0.0"):
+            LogNormalLengths(1.0, 0.0, 1.0, 1.0)
+
+    def test_empirical_keeps_pairs(self) -> None:
+        """EmpiricalLengths only draws observed (prompt, output) pairs."""
+        dist = EmpiricalLengths((10, 20, 30), (1, 2, 3))
+        out = dist.sample(500, np.random.default_rng(4))
+        assert {tuple(row) for row in out.tolist()} == {(10, 1), (20, 2), (30, 3)}
+
+    def test_empirical_validation(self) -> None:
+        """Mismatched, empty or zero lengths are rejected by name."""
+        with pytest.raises(ValueError, match="one length: 2 and 1"):
+            EmpiricalLengths((1, 2), (1,))
+        with pytest.raises(ValueError, match="'prompt_lens' must be >= 1: 0"):
+            EmpiricalLengths((0,), (1,))
+        with pytest.raises(ValueError, match="must not be empty"):
+            EmpiricalLengths((), ())
+
+    def test_pmf_draws_from_support(self) -> None:
+        """PMFLengths draws only values with positive probability, normalising weights."""
+        dist = PMFLengths(((5, 6, 7), (2.0, 0.0, 2.0)), ((1,), (0.3,)))
+        out = dist.sample(300, np.random.default_rng(5))
+        assert set(out[:, 0].tolist()) == {5, 7}
+        assert set(out[:, 1].tolist()) == {1}
+
+    def test_pmf_validation(self) -> None:
+        """A PMF with zero total weight or values below 1 is rejected by name."""
+        with pytest.raises(ValueError, match="'prompt' probabilities"):
+            PMFLengths(((5,), (0.0,)), ((1,), (1.0,)))
+        with pytest.raises(ValueError, match="'decode' values must be >= 1: 0"):
+            PMFLengths(((5,), (1.0,)), ((0,), (1.0,)))
+
+
+def _two_tenants(**kw: object) -> SyntheticConfig:
+    return SyntheticConfig(
+        name="t",
+        num_requests=4000,
+        arrivals=Poisson(10.0),
+        lengths=FixedLengths(8, 4),
+        tenants=(
+            TenantSpec("gold", share=0.25, service_class="guaranteed"),
+            TenantSpec("tin", share=0.75, service_class="spot", cv=3.0),
+        ),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+class TestGenerate:
+    def test_deterministic_by_seed(self) -> None:
+        """The same config and seed give equal workloads; another seed another one."""
+        config = _two_tenants()
+        assert generate(config, seed=7) == generate(config, seed=7)
+        assert generate(config, seed=7) != generate(config, seed=8)
+
+    def test_counts_order_and_source(self) -> None:
+        """Exactly num_requests sorted requests, with unique per-tenant ids."""
+        w = generate(_two_tenants(), seed=0)
+        assert w.num_requests == 4000
+        assert w.source == "synthetic:t"
+        assert (np.diff(w.arrival_times()) >= 0).all()
+        assert {r.request_id for r in w.requests if r.tenant == "gold"} == {
+            f"gold-{i}" for i in range(sum(r.tenant == "gold" for r in w.requests))
+        }
+
+    def test_tenant_rates_and_priorities(self) -> None:
+        """Each tenant sends at share x rate with its class's priority."""
+        w = generate(_two_tenants(), seed=0)
+        gold = [r for r in w.requests if r.tenant == "gold"]
+        assert len(gold) / w.num_requests == pytest.approx(0.25, abs=0.03)
+        assert {r.priority for r in gold} == {SERVICE_CLASSES["guaranteed"]}
+        times = np.array([r.arrival_time for r in gold])
+        assert GammaArrivals.fit(times).rate == pytest.approx(2.5, rel=0.1)
+
+    def test_rate_multiplier_adds_demand(self) -> None:
+        """A tenant with rate_multiplier 3 sends three times its share."""
+        config = SyntheticConfig(
+            num_requests=4000,
+            arrivals=Poisson(1.0),
+            tenants=(TenantSpec("a", 0.5, rate_multiplier=3.0), TenantSpec("b", 0.5)),
+        )
+        w = generate(config, seed=1)
+        share_a = sum(r.tenant == "a" for r in w.requests) / w.num_requests
+        assert share_a == pytest.approx(0.75, abs=0.03)
+
+    def test_saturated_all_at_zero(self) -> None:
+        """Saturated arrivals put every request at time 0, tenants interleaved."""
+        config = SyntheticConfig(
+            num_requests=100,
+            arrivals=Saturated(),
+            tenants=(TenantSpec("a", 0.5), TenantSpec("b", 0.5)),
+        )
+        w = generate(config, seed=0)
+        assert {r.arrival_time for r in w.requests} == {0.0}
+        assert set(w.tenants) == {"a", "b"}
+        assert [r.tenant for r in w.requests[:20]] != ["a"] * 20
+
+    def test_explicit_priority_overrides_class(self) -> None:
+        """A tenant's explicit priority wins over its service class's."""
+        assert TenantSpec("x", service_class="spot", priority=9).request_priority == 9
+        assert TenantSpec("x", service_class="spot").request_priority == 1
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "match"),
+        [
+            ({"tenants": ()}, ValueError, "'tenants' must not be empty"),
+            (
+                {"tenants": (TenantSpec("a", 0.5), TenantSpec("a", 0.5))},
+                ValueError,
+                "'a' repeats",
+            ),
+            ({"tenants": (TenantSpec("a", 0.5),)}, ValueError, "shares must sum to 1: 0.5"),
+            ({"num_requests": 0}, ValueError, "'num_requests' must be >= 1"),
+            ({"arrivals": 5.0}, TypeError, "'arrivals' must be an ArrivalProcess"),
+            ({"lengths": "x"}, TypeError, "'lengths' must be a LengthDistribution"),
+            (
+                {"arrivals": Saturated(), "tenants": (TenantSpec("a", cv=2.0),)},
+                ValueError,
+                "cannot set a cv with saturated arrivals",
+            ),
+        ],
+    )
+    def test_config_validation(self, kwargs: dict[str, object], error: type, match: str) -> None:
+        """A bad config raises naming the field and the value."""
+        with pytest.raises(error, match=match):
+            SyntheticConfig(**kwargs)  # type: ignore[arg-type]
+
+    def test_unknown_service_class_lists_the_classes(self) -> None:
+        """An unknown service class names the five known ones."""
+        with pytest.raises(ValueError, match="dedicated, guaranteed, elastic, spot, preemptible"):
+            TenantSpec("a", service_class="gold")
+
+    @pytest.mark.parametrize(("seed", "error"), [(-1, ValueError), (1.0, TypeError)])
+    def test_bad_seed(self, seed: object, error: type) -> None:
+        """A negative or non-int seed is rejected by name."""
+        with pytest.raises(error, match="'seed'"):
+            generate(SyntheticConfig(num_requests=1), seed=seed)  # type: ignore[arg-type]
+
+
+class TestPresets:
+    @pytest.mark.parametrize("name", WORKLOAD_NAMES)
+    def test_every_preset_generates(self, name: str) -> None:
+        """Every named workload generates the requested count under its name."""
+        w = get_workload(name, seed=3, num_requests=300)
+        assert w.num_requests == 300
+        assert w.name == name
+        assert w.source == f"synthetic:{name}"
+
+    def test_names(self) -> None:
+        """The names are sorted and include the embedded default."""
+        assert list(WORKLOAD_NAMES) == sorted(WORKLOAD_NAMES)
+        assert {"multi-tenant", "azure-conv-like", "sharegpt-like", "long-context"} <= set(
+            WORKLOAD_NAMES
+        )
+
+    def test_unknown_name_lists_known_names(self) -> None:
+        """An unknown workload name is a ValueError listing every known name."""
+        with pytest.raises(ValueError, match="unknown workload 'nope'; known: azure-conv-like"):
+            get_workload("nope")
+
+    def test_bad_num_requests(self) -> None:
+        """num_requests must be an int >= 1."""
+        with pytest.raises(ValueError, match="'num_requests' must be >= 1: 0"):
+            get_workload("multi-tenant", num_requests=0)
+
+    def test_multi_tenant_default(self) -> None:
+        """The default has 2,000 requests, five tenants and all five service classes."""
+        config = workload_config("multi-tenant")
+        assert config.num_requests == 2000
+        assert {t.service_class for t in config.tenants} == set(SERVICE_CLASSES)
+        w = get_workload("multi-tenant")
+        assert w.num_requests == 2000
+        assert w.tenants == ("agents", "batch", "chat", "copilot", "long-tail")
+        assert len({r.priority for r in w.requests}) == 4
+
+    def test_multi_tenant_rate_is_azure(self) -> None:
+        """The tenants' rates add up to the Azure conversation trace's 5.53 req/s."""
+        config = workload_config("multi-tenant")
+        total = sum(config.tenant_arrivals(t).rate for t in config.tenants)
+        assert total == pytest.approx(5.5301)
+
+    def test_config_is_evolvable(self) -> None:
+        """A preset's config can be modified and generated."""
+        config = attrs.evolve(workload_config("saturated", num_requests=5), name="mine")
+        assert generate(config).name == "mine"
