@@ -1,7 +1,36 @@
-"""kvpolicy-evict."""
+"""kvpolicy-evict: batch-global KV eviction and preemption orders.
+
+Token policies (FIFO, LRU, H2O, sink+window, Token-PD of seed 000) implement kvmodel's
+``EvictionPolicy`` over one budget shared by every stream on a GPU; preemption orders
+(least-progressed-first, last-in-first-out, priority-aware, cost-aware) implement
+``PreemptionPolicy``.
+"""
 
 from __future__ import annotations
 
 from kvpolicy.evict.__about__ import __version__
+from kvpolicy.evict._baselines import FIFOPolicy, H2OPolicy, LRUPolicy, SinkWindowPolicy
+from kvpolicy.evict._errors import EvictError, UnknownPolicyError
+from kvpolicy.evict._registry import POLICY_NAMES, make_policy
+from kvpolicy.evict._returns import ReturnPredictor
+from kvpolicy.evict._table import PROTECTED_OFFSET, ScoredPolicy
+from kvpolicy.evict._tokenpd import TokenPDConfig, TokenPDPolicy, dual_update, excess_value
 
-__all__ = ["__version__"]
+__all__ = [
+    "POLICY_NAMES",
+    "PROTECTED_OFFSET",
+    "EvictError",
+    "FIFOPolicy",
+    "H2OPolicy",
+    "LRUPolicy",
+    "ReturnPredictor",
+    "ScoredPolicy",
+    "SinkWindowPolicy",
+    "TokenPDConfig",
+    "TokenPDPolicy",
+    "UnknownPolicyError",
+    "__version__",
+    "dual_update",
+    "excess_value",
+    "make_policy",
+]

@@ -1,0 +1,107 @@
+"""The baseline token policies: FIFO, LRU, H2O and sink+window (StreamingLLM).
+
+Each one only says what its eviction key is; storage, protection of sinks and recent
+windows, the batch-global hard budget and rollback live in :class:`ScoredPolicy`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvpolicy.evict._table import ScoredPolicy
+
+__all__ = ["FIFOPolicy", "H2OPolicy", "LRUPolicy", "SinkWindowPolicy"]
+
+
+class FIFOPolicy(ScoredPolicy):
+    """First in, first out across every stream: the earliest inserted token goes first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def _new_keys(
+        self, slots: NDArray[np.int64], signals: NDArray[np.float64] | None
+    ) -> NDArray[np.float64]:
+        return self._seq[slots].astype(np.float64)
+
+
+class LRUPolicy(ScoredPolicy):
+    """Least recently used across every stream.
+
+    A token is *used* when it is inserted and whenever :meth:`observe` reports attention
+    above ``access_threshold`` for it. Each use takes the next value of a counter, so the
+    order is exact: among tokens used in one call, lower positions count as used first.
+    """
+
+    def __init__(self, access_threshold: float = 0.0) -> None:
+        if isinstance(access_threshold, bool) or not isinstance(access_threshold, int | float):
+            raise TypeError(f"'access_threshold' must be a float: {access_threshold!r}")
+        if not math.isfinite(access_threshold) or access_threshold < 0:
+            raise ValueError(f"'access_threshold' must be finite and >= 0: {access_threshold!r}")
+        super().__init__()
+        self._threshold = float(access_threshold)
+        self._clock = 0
+
+    def _tick(self, n: int) -> NDArray[np.float64]:
+        stamps = np.arange(self._clock, self._clock + n, dtype=np.float64)
+        self._clock += n
+        return stamps
+
+    def _new_keys(
+        self, slots: NDArray[np.int64], signals: NDArray[np.float64] | None
+    ) -> NDArray[np.float64]:
+        return self._tick(slots.size)
+
+    def _on_observe(self, slots: NDArray[np.int64], attention: NDArray[np.float64]) -> None:
+        used = slots[attention > self._threshold]
+        if used.size:
+            used = used[np.argsort(self._pos[used], kind="stable")]
+            self._set_raw(used, self._tick(used.size))
+
+
+class H2OPolicy(ScoredPolicy):
+    """Heavy-Hitter Oracle (Zhang et al., 2023) made batch-global.
+
+    The key of a token is the attention it has accumulated since insertion; the
+    ``recent_window`` newest positions of each stream (and ``num_sink`` leading ones) are
+    kept as long as the hard budget allows. Per-head H2O is the same policy with one stream
+    per request and KV head (``"req7/h3"``).
+    """
+
+    def __init__(self, recent_window: int, num_sink: int = 0) -> None:
+        super().__init__(num_sink=num_sink, recent_window=recent_window)
+
+    def _new_keys(
+        self, slots: NDArray[np.int64], signals: NDArray[np.float64] | None
+    ) -> NDArray[np.float64]:
+        return np.zeros(slots.size, dtype=np.float64)
+
+    def _on_observe(self, slots: NDArray[np.int64], attention: NDArray[np.float64]) -> None:
+        self._set_raw(slots, self._raw[slots] + attention)
+
+    def accumulated_attention(
+        self, stream: str, positions: NDArray[np.int64]
+    ) -> NDArray[np.float64]:
+        """(n,) float64 attention accumulated by resident ``positions`` of ``stream``."""
+        slots = self._slots_of(self._stream(stream), stream, np.asarray(positions, np.int64))
+        return self._raw[slots].copy()
+
+
+class SinkWindowPolicy(ScoredPolicy):
+    """StreamingLLM (Xiao et al., 2023): attention sinks plus the most recent tokens.
+
+    Positions below ``num_sink`` of every stream are sinks and stay; among the rest the
+    oldest inserted token across every stream goes first, so each stream keeps a window of
+    its newest tokens. Sinks go only when the hard budget cannot be met otherwise.
+    """
+
+    def __init__(self, num_sink: int = 4) -> None:
+        super().__init__(num_sink=num_sink)
+
+    def _new_keys(
+        self, slots: NDArray[np.int64], signals: NDArray[np.float64] | None
+    ) -> NDArray[np.float64]:
+        return self._seq[slots].astype(np.float64)

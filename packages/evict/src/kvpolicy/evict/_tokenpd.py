@@ -1,0 +1,310 @@
+"""Token-PD (seed 000): KV tokens as assets priced by one dual variable per GPU.
+
+Every cached token has a return ``R`` (the fraction of future query attention mass that
+lands on it) and a risk ``sigma^2``; keeping it costs ``c``. With the memory price ``mu``
+shared by every stream on the GPU, the excess value of a token is::
+
+    g = R - lambda * sigma^2 + delta - mu * c
+
+and the keep rule (eq. 4) keeps exactly the tokens with ``g >= 0``. After each step the price
+follows the exponentiated dual update of eq. 5 (``mu <- mu * exp(eta * (demand - M) / M)``,
+``eta ∝ 1/sqrt(T)``). Evicting means popping the smallest ``g`` first from a structure shared
+by every stream (``ScoredPolicy``'s candidate set plays the paper's shared heap); after the
+keep rule, tokens are popped until the hard budget holds, which the paper does not promise.
+
+See the package README for where seed 000 is ambiguous and what is chosen here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+from attrs import field, frozen
+from attrs.validators import ge, gt, instance_of, optional
+from numpy.typing import NDArray
+
+from kvpolicy.evict._table import ScoredPolicy, _as_positions
+
+__all__ = ["TokenPDConfig", "TokenPDPolicy", "dual_update", "excess_value"]
+
+_MAX_EXPONENT = 20.0
+
+
+def _finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"'{attribute.name}' must be finite: {value!r}")
+
+
+def _float_field(default: float, *validators: object) -> float:
+    return field(
+        default=default,
+        converter=float,
+        validator=[_finite, *validators],  # type: ignore[list-item]
+    )
+
+
+def _int_field(default: int) -> int:
+    return field(default=default, validator=[instance_of(int), ge(0)])
+
+
+@frozen
+class TokenPDConfig:
+    """Parameters of :class:`TokenPDPolicy`, with seed 000's symbols."""
+
+    risk_aversion: float = _float_field(0.1, ge(0.0))
+    """``lambda`` of eq. 2: return given up per unit of risk (seed 000 sweeps 0 to 0.5)."""
+    recompute_penalty: float = _float_field(0.0, ge(0.0))
+    """``delta`` of eq. 2: utility lost when an evicted token must be recomputed."""
+    token_cost: float = _float_field(1.0, gt(0.0))
+    """``c`` of eq. 1: memory cost of one token, in the units of the budget (1 = a token)."""
+    learning_rate: float = _float_field(1.0, gt(0.0))
+    """Scale ``eta_0`` of the dual step: ``eta = eta_0 / sqrt(T)`` (eq. 5)."""
+    horizon: int | None = field(default=None, validator=optional([instance_of(int), gt(0)]))
+    """``T`` of ``eta ∝ 1/sqrt(T)`` when known; None uses ``eta_t = eta_0 / sqrt(t)`` (anytime)."""
+    initial_price: float | None = field(
+        default=None,
+        converter=attrs.converters.optional(float),
+        validator=optional([_finite, gt(0.0)]),
+    )
+    """``mu^(1)``; None sets it at the first over-budget step to the price that clears it."""
+    min_price: float = _float_field(1e-12, gt(0.0))
+    """Floor of ``mu``: the multiplicative update could never leave 0 (eq. 5)."""
+    default_return: float = _float_field(0.0, ge(0.0))
+    """``R_hat`` of a token inserted without signals (the paper's constant-return ablation)."""
+    default_risk: float = _float_field(0.0, ge(0.0))
+    """``sigma_hat^2`` of a token inserted without a risk column."""
+    prior_weight: float = _float_field(1.0, ge(0.0))
+    """How many observed steps the predicted return counts for in the running estimate."""
+    keep_rule: bool = field(default=True, validator=instance_of(bool))
+    """Apply eq. 4 (evict every ``g < 0``, even under budget); False only enforces the budget."""
+    num_sink: int = _int_field(0)
+    """Leading positions of each stream kept while the budget allows (not in seed 000)."""
+    recent_window: int = _int_field(0)
+    """Newest positions of each stream kept while the budget allows (not in seed 000)."""
+
+
+def excess_value(
+    returns: NDArray[np.float64],
+    risks: NDArray[np.float64],
+    price: float,
+    config: TokenPDConfig,
+) -> NDArray[np.float64]:
+    """Excess value ``g = R - lambda sigma^2 + delta - mu c`` of tokens (eq. 2 and 4).
+
+    Seed 000 writes ``g = R - lambda sigma^2 - mu c`` and puts ``delta`` on evicted tokens in
+    eq. 2; keeping a token saves that penalty, so it counts towards keeping here.
+
+    Args:
+        returns: (n,) float64 expected returns ``R_hat``.
+        risks: (n,) float64 risks ``sigma_hat^2``.
+        price: memory price ``mu`` >= 0.
+        config: the policy's parameters.
+
+    Returns:
+        (n,) float64 excess values; eq. 4 keeps the tokens where it is >= 0.
+    """
+    lam, delta, c = config.risk_aversion, config.recompute_penalty, config.token_cost
+    return np.asarray(returns - lam * risks + delta - price * c, dtype=np.float64)
+
+
+def dual_update(price: float, demand: float, capacity: float, eta: float) -> float:
+    """Eq. (5) of seed 000: ``mu * exp(eta * (demand - M) / M)``.
+
+    Args:
+        price: current price ``mu^(t)`` > 0.
+        demand: memory the keep rule would hold, ``sum c x`` (same units as ``capacity``).
+        capacity: the budget ``M`` > 0.
+        eta: step size.
+
+    Returns:
+        ``mu^(t+1)``; the exponent is clipped to ±20 so that one step cannot overflow.
+    """
+    if capacity <= 0:
+        raise ValueError(f"'capacity' must be > 0: {capacity!r}")
+    step = max(-_MAX_EXPONENT, min(_MAX_EXPONENT, eta * (demand - capacity) / capacity))
+    return price * math.exp(step)
+
+
+class TokenPDPolicy(ScoredPolicy):
+    """Token-PD of seed 000 over every stream on a GPU.
+
+    ``insert(stream, positions, signals)`` is seed 000's ``CacheInsert``: ``signals`` is None
+    or an (n, k) float64 array whose column 0 is the predicted return ``R_hat`` and column 1,
+    when ``k >= 2``, the risk ``sigma_hat^2`` (a :class:`ReturnPredictor` gives both).
+    ``observe`` folds the attention actually received into a running estimate (the
+    prediction counts for ``prior_weight`` observations), so the policy learns online.
+    ``evict(budget)`` is ``CacheEvict``: the keep rule at the current price, then the hard
+    budget, then the dual update.
+    """
+
+    def __init__(self, config: TokenPDConfig | None = None) -> None:
+        cfg = TokenPDConfig() if config is None else config
+        if not isinstance(cfg, TokenPDConfig):
+            raise TypeError(f"'config' must be a TokenPDConfig: {config!r}")
+        super().__init__(num_sink=cfg.num_sink, recent_window=cfg.recent_window)
+        self._cfg = cfg
+        self._price: float | None = cfg.initial_price
+        self._steps = 0
+        self._last_demand = 0
+        cap = self._cap
+        self._prior_r = np.zeros(cap, dtype=np.float64)
+        self._prior_v = np.zeros(cap, dtype=np.float64)
+        self._count = np.zeros(cap, dtype=np.float64)
+        self._mean = np.zeros(cap, dtype=np.float64)
+        self._m2 = np.zeros(cap, dtype=np.float64)
+
+    @property
+    def config(self) -> TokenPDConfig:
+        """The parameters."""
+        return self._cfg
+
+    @property
+    def price(self) -> float | None:
+        """The memory price ``mu`` (None until the first over-budget step sets it)."""
+        return self._price
+
+    @property
+    def steps(self) -> int:
+        """Evict calls so far (``t`` of eq. 5)."""
+        return self._steps
+
+    @property
+    def last_demand(self) -> int:
+        """Tokens the keep rule alone would have kept at the last evict call."""
+        return self._last_demand
+
+    def estimates(
+        self, stream: str, positions: NDArray[np.int64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Current ``(R_hat, sigma_hat^2)`` of resident ``positions``, each (n,) float64."""
+        slots = self._slots_of(self._stream(stream), stream, _as_positions(positions))
+        return self._estimate(slots)
+
+    def excess_values(self, stream: str, positions: NDArray[np.int64]) -> NDArray[np.float64]:
+        """(n,) float64 excess values ``g`` at the current price (0 before it is set)."""
+        r, v = self.estimates(stream, positions)
+        return excess_value(r, v, self._price or 0.0, self._cfg)
+
+    # ------------------------------------------------------------------ hooks
+    def _validate_signals(self, signals: object, n: int) -> NDArray[np.float64] | None:
+        arr = super()._validate_signals(signals, n)
+        if arr is None:
+            return None
+        if arr.shape[1] < 1:
+            raise ValueError(f"'signals' needs at least one column (the return), got {arr.shape}")
+        bad = ~np.isfinite(arr[:, 0]) | (arr[:, 0] < 0)
+        if bad.any():
+            raise ValueError(
+                f"'signals' column 0 (predicted return) must be finite and >= 0: "
+                f"{arr[bad, 0][:5].tolist()}"
+            )
+        if arr.shape[1] >= 2:
+            bad = ~np.isfinite(arr[:, 1]) | (arr[:, 1] < 0)
+            if bad.any():
+                raise ValueError(
+                    f"'signals' column 1 (predicted risk) must be finite and >= 0: "
+                    f"{arr[bad, 1][:5].tolist()}"
+                )
+        return arr
+
+    def _on_grow(self, old: int, new: int) -> None:
+        for name in ("_prior_r", "_prior_v", "_count", "_mean", "_m2"):
+            arr = getattr(self, name)
+            grown = np.zeros(new, dtype=np.float64)
+            grown[:old] = arr
+            setattr(self, name, grown)
+
+    def _new_keys(
+        self, slots: NDArray[np.int64], signals: NDArray[np.float64] | None
+    ) -> NDArray[np.float64]:
+        cfg = self._cfg
+        if signals is None:
+            self._prior_r[slots] = cfg.default_return
+            self._prior_v[slots] = cfg.default_risk
+        else:
+            self._prior_r[slots] = signals[:, 0]
+            self._prior_v[slots] = signals[:, 1] if signals.shape[1] >= 2 else cfg.default_risk
+        self._count[slots] = 0.0
+        self._mean[slots] = 0.0
+        self._m2[slots] = 0.0
+        return self._value(slots)
+
+    def _on_observe(self, slots: NDArray[np.int64], attention: NDArray[np.float64]) -> None:
+        # Welford's running mean and sum of squared deviations of the realised returns.
+        n = self._count[slots] + 1.0
+        delta = attention - self._mean[slots]
+        mean = self._mean[slots] + delta / n
+        self._m2[slots] += delta * (attention - mean)
+        self._mean[slots] = mean
+        self._count[slots] = n
+        self._set_raw(slots, self._value(slots))
+
+    def _estimate(
+        self, slots: NDArray[np.int64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        # The prediction is a prior worth `prior_weight` observations; the realised returns
+        # (per-step attention mass) and their spread update it.
+        w0 = self._cfg.prior_weight
+        n = self._count[slots]
+        denom = np.maximum(w0 + n, 1e-300)
+        r = np.where(
+            n > 0, (w0 * self._prior_r[slots] + n * self._mean[slots]) / denom, self._prior_r[slots]
+        )
+        v = np.where(
+            n > 0, (w0 * self._prior_v[slots] + self._m2[slots]) / denom, self._prior_v[slots]
+        )
+        return r, v
+
+    def _value(self, slots: NDArray[np.int64]) -> NDArray[np.float64]:
+        """``g + mu c``: the part of the excess value that differs between tokens."""
+        r, v = self._estimate(slots)
+        return excess_value(r, v, 0.0, self._cfg)
+
+    # ------------------------------------------------------------- CacheEvict
+    def evict(self, budget_tokens: int) -> Mapping[str, NDArray[np.int64]]:
+        """Seed 000's ``CacheEvict``: keep rule (eq. 4), hard budget, dual update (eq. 5).
+
+        1. Every unprotected token with ``g < 0`` at the current price is evicted (when
+           ``keep_rule``); the tokens left are the *demand* ``D`` of eq. 5.
+        2. While more than ``budget_tokens`` remain, the smallest ``g`` goes next.
+        3. ``mu <- mu exp(eta (c D - M) / M)`` with ``M = c * budget_tokens``.
+
+        Before the price is set (``initial_price=None``) the first over-budget call sets it
+        to the value of the last token evicted by step 2, the price that clears the budget.
+
+        Args:
+            budget_tokens: hard budget in tokens, >= 0.
+
+        Returns:
+            For each stream that lost tokens, its (m,) int64 evicted positions, ascending.
+        """
+        budget = self._check_budget(budget_tokens)
+        cfg = self._cfg
+        self._steps += 1
+        out: dict[str, NDArray[np.int64]] = {}
+        demand = self._resident
+        if self._price is not None and cfg.keep_rule:
+            below = self._below(self._price * cfg.token_cost)
+            demand -= below.size
+            if below.size:
+                out = self._release(below)
+        self._last_demand = demand
+        over = self._resident - budget
+        if over > 0:
+            victims = self._smallest(over)
+            if self._price is None:
+                top = float(self._raw[victims].max())
+                self._price = max(top / cfg.token_cost, cfg.min_price)
+            for name, pos in self._release(victims).items():
+                prev = out.get(name)
+                out[name] = pos if prev is None else np.sort(np.concatenate((prev, pos)))
+        if self._price is not None:
+            eta = cfg.learning_rate / math.sqrt(cfg.horizon or self._steps)
+            capacity = max(budget, 1) * cfg.token_cost
+            self._price = max(
+                dual_update(self._price, demand * cfg.token_cost, capacity, eta), cfg.min_price
+            )
+        return out
