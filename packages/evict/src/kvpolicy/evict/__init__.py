@@ -11,6 +11,12 @@ from __future__ import annotations
 from kvpolicy.evict.__about__ import __version__
 from kvpolicy.evict._baselines import FIFOPolicy, H2OPolicy, LRUPolicy, SinkWindowPolicy
 from kvpolicy.evict._errors import EvictError, UnknownPolicyError
+from kvpolicy.evict._preempt import (
+    CostAware,
+    LastInFirstOut,
+    LeastProgressedFirst,
+    PriorityAware,
+)
 from kvpolicy.evict._registry import POLICY_NAMES, make_policy
 from kvpolicy.evict._returns import ReturnPredictor
 from kvpolicy.evict._table import PROTECTED_OFFSET, ScoredPolicy
@@ -19,10 +25,14 @@ from kvpolicy.evict._tokenpd import TokenPDConfig, TokenPDPolicy, dual_update, e
 __all__ = [
     "POLICY_NAMES",
     "PROTECTED_OFFSET",
+    "CostAware",
     "EvictError",
     "FIFOPolicy",
     "H2OPolicy",
     "LRUPolicy",
+    "LastInFirstOut",
+    "LeastProgressedFirst",
+    "PriorityAware",
     "ReturnPredictor",
     "ScoredPolicy",
     "SinkWindowPolicy",
