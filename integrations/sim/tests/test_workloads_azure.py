@@ -148,7 +148,10 @@ class TestLoadAzure:
         """The header is detected as azure; an unknown format name lists the known ones."""
         path = write_csv(tmp_path, "2023-11-16 18:15:46,1,1")
         assert detect_format(path) == "azure"
-        with pytest.raises(ValueError, match="unknown trace format 'parquet'; known: azure"):
+        with pytest.raises(
+            ValueError,
+            match="unknown trace format 'parquet'; known: azure, lengths, mooncake, servegen",
+        ):
             load_trace(path, "parquet")
 
     def test_bad_arguments(self, tmp_path: pathlib.Path) -> None:

@@ -19,7 +19,9 @@ from kvpolicy.sim.workloads._lengthdist import (
     PMFLengths,
 )
 from kvpolicy.sim.workloads._load import TRACE_FORMATS, detect_format, load_trace
+from kvpolicy.sim.workloads._mooncake import expand_block_hashes
 from kvpolicy.sim.workloads._presets import WORKLOAD_NAMES, get_workload, workload_config
+from kvpolicy.sim.workloads._servegen import ServeGenClient, servegen_client_stats
 from kvpolicy.sim.workloads._synthetic import (
     SERVICE_CLASSES,
     SyntheticConfig,
@@ -41,6 +43,7 @@ __all__ = [
     "PMFLengths",
     "Poisson",
     "Saturated",
+    "ServeGenClient",
     "SyntheticConfig",
     "TenantSpec",
     "TraceFormatError",
@@ -48,8 +51,10 @@ __all__ = [
     "WorkloadError",
     "describe",
     "detect_format",
+    "expand_block_hashes",
     "generate",
     "get_workload",
     "load_trace",
+    "servegen_client_stats",
     "workload_config",
 ]

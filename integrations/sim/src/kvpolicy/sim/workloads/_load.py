@@ -2,34 +2,57 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 
 from kvpolicy.sim.workloads._azure import AZURE_HEADER, load_azure
 from kvpolicy.sim.workloads._common import check_path
 from kvpolicy.sim.workloads._errors import TraceFormatError
+from kvpolicy.sim.workloads._lengths import find_length_columns, load_lengths
+from kvpolicy.sim.workloads._mooncake import load_mooncake
+from kvpolicy.sim.workloads._servegen import _CHUNK, load_servegen
 from kvpolicy.sim.workloads._workload import Workload
 
 __all__ = ["TRACE_FORMATS", "detect_format", "load_trace"]
 
-TRACE_FORMATS: tuple[str, ...] = ("azure",)
+TRACE_FORMATS: tuple[str, ...] = ("azure", "lengths", "mooncake", "servegen")
 """Formats :func:`load_trace` reads."""
 
 
 def detect_format(path: str | os.PathLike[str]) -> str:
-    """The format of a trace file, from its extension and first line.
+    """The format of a trace, from its name and first line.
+
+    A directory holding ``chunk-<i>-trace.csv`` files, or such a file, is ``servegen``; a
+    file whose first line is a JSON object with ``input_length`` is ``mooncake``; a CSV with
+    the Azure header is ``azure``; a CSV whose header names a prompt and an output column is
+    ``lengths``.
 
     Raises:
-        TraceFormatError: the file matches no known format.
+        TraceFormatError: the trace matches no known format.
     """
     p = check_path(path)
+    if p.is_dir() or _CHUNK.fullmatch(p.name):
+        return "servegen"
     with p.open(encoding="utf-8-sig") as f:
         first = f.readline().strip()
-    header = tuple(h.strip() for h in first.split(","))
-    if header == AZURE_HEADER:
+    if first.startswith("{"):
+        try:
+            obj = json.loads(first)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and "input_length" in obj:
+            return "mooncake"
+    header = [h.strip() for h in first.split(",")]
+    if tuple(header) == AZURE_HEADER:
         return "azure"
+    if find_length_columns(header) is not None:
+        return "lengths"
     raise TraceFormatError(
-        os.fspath(p), 1, f"cannot detect the trace format from {first[:80]!r}; pass format="
+        os.fspath(p),
+        1,
+        f"cannot detect the trace format from {first[:80]!r}; pass format= "
+        f"(one of {', '.join(TRACE_FORMATS)})",
     )
 
 
@@ -41,16 +64,38 @@ def load_trace(
     limit: int | None = None,
     block_size: int = 16,
     rate: float | None = None,
+    seed: int = 0,
+    start: float = 0.0,
+    duration: float | None = None,
 ) -> Workload:
     """Read a trace as a :class:`Workload`.
 
+    ========  ==========================================  =================================
+    format    file                                        arrivals
+    ========  ==========================================  =================================
+    azure     CSV ``TIMESTAMP,ContextTokens,              recorded (exact 100 ns)
+              GeneratedTokens``
+    mooncake  JSONL ``timestamp`` (ms), ``input_length``,  recorded; prefix hashes expanded
+              ``output_length``, ``hash_ids``             to ``block_size`` blocks
+    lengths   CSV with prompt and output columns          Poisson at ``rate`` (required)
+    servegen  directory of ``chunk-<i>-trace.csv``        Gamma per client and window
+              (+ ``chunk-<i>-dataset.json``)
+    ========  ==========================================  =================================
+
+    Rows with a zero prompt or output length are kept with the length raised to 1 token and
+    counted in ``clamped_rows``. Arrival times start at 0 at the earliest request.
+
     Args:
-        path: the trace file.
-        format: one of :data:`TRACE_FORMATS`, or ``None`` to detect it.
+        path: the trace file (a directory for ``servegen``).
+        format: one of :data:`TRACE_FORMATS`, or ``None`` to detect it (:func:`detect_format`).
         skip_bad: skip malformed rows, counting them in ``skipped_rows``, instead of raising.
         limit: keep the first ``limit`` requests.
-        block_size: tokens per KV block of the prefix hashes made from block-hashed traces.
-        rate: mean arrival rate to rescale to, in req/s.
+        block_size: tokens per KV block of the prefix hashes (``mooncake``).
+        rate: mean arrival rate in req/s: required for ``lengths``; for the other formats it
+            rescales the recorded (``azure``, ``mooncake``) or published (``servegen``) rates.
+        seed: seed of synthesised arrivals and lengths (``lengths``, ``servegen``).
+        start: seconds into the series where the workload begins (``servegen``).
+        duration: seconds of series to use (``servegen``); ``None`` runs to the end.
 
     Raises:
         TraceFormatError: a malformed file or row (naming the file and the line).
@@ -61,10 +106,31 @@ def load_trace(
         raise TypeError(f"'block_size' must be int: {block_size!r}")
     if block_size < 1:
         raise ValueError(f"'block_size' must be >= 1: {block_size}")
+    if not isinstance(skip_bad, bool):
+        raise TypeError(f"'skip_bad' must be bool: {skip_bad!r}")
     if format is None:
         format = detect_format(p)
     loaders: dict[str, Callable[[], Workload]] = {
         "azure": lambda: load_azure(p, skip_bad=skip_bad, limit=limit, rate=rate),
+        "lengths": lambda: load_lengths(
+            p,
+            rate=rate,  # type: ignore[arg-type]  # None is rejected with a clear message
+            skip_bad=skip_bad,
+            limit=limit,
+            seed=seed,
+        ),
+        "mooncake": lambda: load_mooncake(
+            p, skip_bad=skip_bad, limit=limit, block_size=block_size, rate=rate
+        ),
+        "servegen": lambda: load_servegen(
+            p,
+            skip_bad=skip_bad,
+            limit=limit,
+            rate=rate,
+            seed=seed,
+            start=start,
+            duration=duration,
+        ),
     }
     loader = loaders.get(format) if isinstance(format, str) else None
     if loader is None:
