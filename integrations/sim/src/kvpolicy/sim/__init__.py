@@ -1,7 +1,88 @@
-"""kvpolicy-sim."""
+"""kvpolicy-sim: the reference serving simulator and the ``kvpolicy`` command.
+
+An iteration-level continuous-batching engine (:class:`Engine`) over kvmodel's paged block
+pool with prefix caching, a roofline time model (:class:`TimingModel`), a synthetic
+attention-return model for token eviction (:class:`AttentionModel`), metrics
+(:func:`summarize`), reports (:func:`write_report`) and sweeps (:func:`sweep`). Policies come
+from the other kvpolicy packages through kvmodel's Protocols (:func:`build_stack`).
+"""
 
 from __future__ import annotations
 
 from kvpolicy.sim.__about__ import __version__
+from kvpolicy.sim._attention import AttentionModel, fit_attention
+from kvpolicy.sim._config import (
+    AdmissionConfig,
+    EngineConfig,
+    EvictionConfig,
+    PreemptionConfig,
+    SLOConfig,
+    StackConfig,
+    load_stack,
+    stack_from_dict,
+)
+from kvpolicy.sim._engine import Engine, RunRecord
+from kvpolicy.sim._errors import ConfigError, SimError
+from kvpolicy.sim._metrics import Summary, TenantSummary, summarize
+from kvpolicy.sim._presets import STACK_PRESETS, get_stack
+from kvpolicy.sim._report import (
+    comparison_table,
+    plot_latency_cdf,
+    plot_memory,
+    plot_tenant_shares,
+    results_json,
+    write_report,
+)
+from kvpolicy.sim._simulate import SimResult, simulate
+from kvpolicy.sim._stack import (
+    ADMISSION_NAMES,
+    PREEMPTION_NAMES,
+    Stack,
+    build_stack,
+    eviction_names,
+)
+from kvpolicy.sim._sweep import EXECUTORS, SweepPoint, apply_params, expand_grid, sweep
+from kvpolicy.sim._timing import TimingModel, fit_timing
 
-__all__ = ["__version__"]
+__all__ = [
+    "ADMISSION_NAMES",
+    "EXECUTORS",
+    "PREEMPTION_NAMES",
+    "STACK_PRESETS",
+    "AdmissionConfig",
+    "AttentionModel",
+    "ConfigError",
+    "Engine",
+    "EngineConfig",
+    "EvictionConfig",
+    "PreemptionConfig",
+    "RunRecord",
+    "SLOConfig",
+    "SimError",
+    "SimResult",
+    "Stack",
+    "StackConfig",
+    "Summary",
+    "SweepPoint",
+    "TenantSummary",
+    "TimingModel",
+    "__version__",
+    "apply_params",
+    "build_stack",
+    "comparison_table",
+    "eviction_names",
+    "expand_grid",
+    "fit_attention",
+    "fit_timing",
+    "get_stack",
+    "load_stack",
+    "plot_latency_cdf",
+    "plot_memory",
+    "plot_tenant_shares",
+    "results_json",
+    "simulate",
+    "stack_from_dict",
+    "summarize",
+    "sweep",
+    "write_report",
+]

@@ -1,28 +1,85 @@
-"""``kvpolicy demo``: the README's first command."""
+"""``kvpolicy demo``: the README's first command.
+
+A vLLM-like baseline stack against the kvpolicy stack on the embedded multi-tenant workload:
+a comparison table on the terminal and an HTML report on disk.
+"""
 
 from __future__ import annotations
 
+import pathlib
+
+import attrs
 import click
 from rich.console import Console
-from rich.table import Table
 
-from kvpolicy.kvmodel import GPU_PRESETS, MODEL_PRESETS, plan_capacity
+from kvpolicy.kvmodel import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
+from kvpolicy.sim._config import StackConfig
 
 __all__ = ["demo"]
 
 
+def _kvpolicy_stack(console: Console) -> StackConfig:
+    """The kvpolicy stack, keeping each part whose package provides it."""
+    from kvpolicy.sim import (
+        STACK_PRESETS,
+        AdmissionConfig,
+        ConfigError,
+        EvictionConfig,
+        PreemptionConfig,
+        build_stack,
+    )
+
+    cfg = STACK_PRESETS["kvpolicy"]
+    base = STACK_PRESETS["vllm"]
+    trials = {
+        "admission": (attrs.evolve(base, admission=cfg.admission), AdmissionConfig()),
+        "eviction": (attrs.evolve(base, eviction=cfg.eviction), EvictionConfig()),
+        "preemption": (attrs.evolve(base, preemption=cfg.preemption), PreemptionConfig()),
+    }
+    for part, (trial, default) in trials.items():
+        try:
+            build_stack(trial)
+        except ConfigError as exc:
+            console.print(f"[yellow]kvpolicy stack without its {part} policy:[/] {exc}")
+            cfg = attrs.evolve(cfg, **{part: default})  # type: ignore[arg-type]
+    return cfg
+
+
 @click.command()
-@click.option("--context", type=int, default=4096, show_default=True)
-def demo(context: int) -> None:
-    """Capacity plan of several models on several GPUs (sequences of CONTEXT tokens)."""
-    table = Table(title=f"Sequences of {context:,} tokens that fit (90% HBM, bf16 KV)")
-    table.add_column("model")
-    for gpu in GPU_PRESETS:
-        table.add_column(gpu, justify="right")
-    for model in MODEL_PRESETS.values():
-        cells = []
-        for gpu in GPU_PRESETS.values():
-            s = min(context, model.max_context)
-            cells.append(f"{plan_capacity(model, gpu, s).max_sequences:,}")
-        table.add_row(model.name, *cells)
-    Console().print(table)
+@click.option("--model", default="Llama-3-8B", show_default=True, help=", ".join(MODEL_PRESETS))
+@click.option("--gpu", default="L40S", show_default=True, help=", ".join(GPU_PRESETS))
+@click.option("--num-requests", type=int, default=2000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--report",
+    type=click.Path(path_type=pathlib.Path, file_okay=False),
+    default=pathlib.Path("kvpolicy-demo"),
+    show_default=True,
+    help="Directory of the HTML report.",
+)
+def demo(model: str, gpu: str, num_requests: int, seed: int, report: pathlib.Path) -> None:
+    """A vLLM-like stack against the kvpolicy stack on the multi-tenant workload."""
+    from kvpolicy.sim import STACK_PRESETS, comparison_table, simulate, write_report
+    from kvpolicy.sim.cli._sim import progress_bar
+    from kvpolicy.sim.workloads import get_workload
+
+    console = Console()
+    try:
+        m, g = get_model(model), get_gpu(gpu)
+        w = get_workload("multi-tenant", seed=seed, num_requests=num_requests)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    stacks = [STACK_PRESETS["vllm"], _kvpolicy_stack(console)]
+    results = []
+    for cfg in stacks:
+        with progress_bar(console, f"{cfg.name:9s}") as update:
+            results.append(
+                simulate(w.requests, m, g, cfg, workload_name=w.name, progress=update, seed=seed)
+            )
+    console.print(
+        comparison_table(
+            results, title=f"{w.name} ({len(w.requests):,} requests): {m.name} on {g.name}"
+        )
+    )
+    path = write_report(results, report)
+    console.print(f"report: {path.resolve()}")

@@ -1,12 +1,352 @@
-"""``kvpolicy sim``: commands of this group."""
+"""``kvpolicy sim``: run, compare and sweep policy stacks on a workload."""
 
 from __future__ import annotations
 
-import click
+import json
+import pathlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
-__all__ = ["group"]
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvpolicy.kvmodel import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, get_gpu, get_model
+
+__all__ = ["group", "load_workload", "progress_bar"]
+
+_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, FileNotFoundError)
 
 
 @click.group()
 def group() -> None:
-    """Commands of kvpolicy-sim."""
+    """The reference serving simulator: run, compare and sweep policy stacks."""
+
+
+@contextmanager
+def progress_bar(
+    console: Console, label: str, enabled: bool = True
+) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar yielding a ``progress(done, total)`` callback."""
+    if not enabled:
+        yield lambda _done, _total: None
+        return
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def load_workload(
+    workload: str | None,
+    trace: pathlib.Path | None,
+    fmt: str | None,
+    *,
+    skip_bad: bool = False,
+    limit: int | None = None,
+    rate: float | None = None,
+    block_size: int = 16,
+    num_requests: int | None = None,
+    seed: int = 0,
+) -> Any:
+    """A :class:`~kvpolicy.sim.workloads.Workload` from a name or a trace file."""
+    from kvpolicy.sim import workloads as wl
+
+    if (workload is None) == (trace is None):
+        raise click.UsageError("give exactly one of --workload NAME or --trace PATH")
+    if trace is not None:
+        w = wl.load_trace(
+            trace, fmt, skip_bad=skip_bad, limit=limit, block_size=block_size, rate=rate
+        )
+        if w.skipped_rows:
+            click.echo(f"skipped {w.skipped_rows} malformed rows of {trace}", err=True)
+        return w
+    assert workload is not None
+    if workload not in wl.WORKLOAD_NAMES:
+        raise click.UsageError(
+            f"unknown workload {workload!r}; known: {', '.join(wl.WORKLOAD_NAMES)}"
+        )
+    return wl.get_workload(workload, seed=seed, num_requests=num_requests)
+
+
+def _specs(model: str, gpu: str) -> tuple[ModelSpec, GPUSpec]:
+    try:
+        return get_model(model), get_gpu(gpu)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--workload", default=None, help="Workload name (e.g. multi-tenant)."),
+        click.option(
+            "--trace",
+            type=click.Path(path_type=pathlib.Path, dir_okay=False),
+            default=None,
+            help="Trace file to replay.",
+        ),
+        click.option(
+            "--format",
+            "fmt",
+            type=click.Choice(["azure", "mooncake", "lengths", "servegen"]),
+            default=None,
+            help="Trace format (default: detected).",
+        ),
+        click.option("--skip-bad", is_flag=True, help="Skip malformed trace rows (counted)."),
+        click.option("--limit", type=int, default=None, help="Read at most this many rows."),
+        click.option("--rate", type=float, default=None, help="Re-time arrivals to this req/s."),
+        click.option("--num-requests", type=int, default=None, help="Synthetic workload size."),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--model", required=True, help=f"One of: {', '.join(MODEL_PRESETS)}"),
+        click.option("--gpu", required=True, help=f"One of: {', '.join(GPU_PRESETS)}"),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+def _run_stacks(
+    stacks: Sequence[Any],
+    w: Any,
+    model: ModelSpec,
+    gpu: GPUSpec,
+    console: Console,
+    show_progress: bool,
+    seed: int,
+) -> list[Any]:
+    from kvpolicy.sim import build_stack, simulate
+
+    built = [build_stack(s) for s in stacks]  # every name resolves before anything runs
+    results = []
+    for cfg, stack in zip(stacks, built, strict=True):
+        with progress_bar(console, f"{cfg.name}", show_progress) as update:
+            results.append(
+                simulate(
+                    w.requests,
+                    model,
+                    gpu,
+                    cfg,
+                    workload_name=w.name,
+                    stack=stack,
+                    progress=update,
+                    seed=seed,
+                )
+            )
+    return results
+
+
+def _emit(results: list[Any], report: pathlib.Path | None, as_json: bool, title: str) -> None:
+    from kvpolicy.sim import comparison_table, results_json, write_report
+
+    if as_json:
+        click.echo(json.dumps(results_json(results)))
+    else:
+        Console().print(comparison_table(results, title=title))
+    if report is not None:
+        path = write_report(results, report)
+        click.echo(f"report: {path}", err=as_json)
+
+
+@group.command("run")
+@_workload_options
+@click.option("--stack", default="vllm", show_default=True, help="Preset name or YAML file.")
+@click.option("--report", type=click.Path(path_type=pathlib.Path, file_okay=False), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def run(
+    workload: str | None,
+    trace: pathlib.Path | None,
+    fmt: str | None,
+    skip_bad: bool,
+    limit: int | None,
+    rate: float | None,
+    num_requests: int | None,
+    seed: int,
+    model: str,
+    gpu: str,
+    stack: str,
+    report: pathlib.Path | None,
+    as_json: bool,
+) -> None:
+    """Simulate one policy stack on a workload or a trace."""
+    from kvpolicy.sim import get_stack
+
+    console = Console(stderr=True)
+    m, g = _specs(model, gpu)
+    try:
+        cfg = get_stack(stack)
+        w = load_workload(
+            workload,
+            trace,
+            fmt,
+            skip_bad=skip_bad,
+            limit=limit,
+            rate=rate,
+            block_size=cfg.engine.block_size,
+            num_requests=num_requests,
+            seed=seed,
+        )
+        results = _run_stacks([cfg], w, m, g, console, not as_json, seed)
+    except _ERRORS as exc:
+        raise click.UsageError(str(exc)) from exc
+    _emit(results, report, as_json, f"{w.name}: {m.name} on {g.name}")
+
+
+@group.command("compare")
+@_workload_options
+@click.option(
+    "--stack",
+    "stacks",
+    multiple=True,
+    default=("vllm", "kvpolicy"),
+    show_default=True,
+    help="Preset name or YAML file; repeat for each stack.",
+)
+@click.option("--report", type=click.Path(path_type=pathlib.Path, file_okay=False), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def compare(
+    workload: str | None,
+    trace: pathlib.Path | None,
+    fmt: str | None,
+    skip_bad: bool,
+    limit: int | None,
+    rate: float | None,
+    num_requests: int | None,
+    seed: int,
+    model: str,
+    gpu: str,
+    stacks: tuple[str, ...],
+    report: pathlib.Path | None,
+    as_json: bool,
+) -> None:
+    """Simulate several policy stacks on one workload, side by side."""
+    from kvpolicy.sim import get_stack
+
+    console = Console(stderr=True)
+    m, g = _specs(model, gpu)
+    try:
+        cfgs = [get_stack(s) for s in stacks]
+        w = load_workload(
+            workload,
+            trace,
+            fmt,
+            skip_bad=skip_bad,
+            limit=limit,
+            rate=rate,
+            block_size=cfgs[0].engine.block_size,
+            num_requests=num_requests,
+            seed=seed,
+        )
+        results = _run_stacks(cfgs, w, m, g, console, not as_json, seed)
+    except _ERRORS as exc:
+        raise click.UsageError(str(exc)) from exc
+    _emit(results, report, as_json, f"{w.name}: {m.name} on {g.name}")
+
+
+def _parse_param(text: str) -> tuple[str, list[Any]]:
+    import yaml
+
+    if "=" not in text:
+        raise click.UsageError(f"--param must be section.field=v1,v2,...: {text!r}")
+    key, values = text.split("=", 1)
+    return key.strip(), [yaml.safe_load(v) for v in values.split(",")]
+
+
+@group.command("sweep")
+@_workload_options
+@click.option("--stack", default="vllm", show_default=True, help="Base stack: preset or file.")
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    required=True,
+    help="section.field=v1,v2,... (repeat for a grid), e.g. engine.max_batch=64,128.",
+)
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--workers", type=int, default=None, help="Local processes (default: CPUs).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def sweep_cmd(
+    workload: str | None,
+    trace: pathlib.Path | None,
+    fmt: str | None,
+    skip_bad: bool,
+    limit: int | None,
+    rate: float | None,
+    num_requests: int | None,
+    seed: int,
+    model: str,
+    gpu: str,
+    stack: str,
+    params: tuple[str, ...],
+    executor: str,
+    workers: int | None,
+    as_json: bool,
+) -> None:
+    """Simulate a grid of stack parameters on local processes or on Ray."""
+    from rich.table import Table
+
+    from kvpolicy.sim import get_stack, sweep
+
+    m, g = _specs(model, gpu)
+    grid = dict(_parse_param(p) for p in params)
+    try:
+        cfg = get_stack(stack)
+        w = load_workload(
+            workload,
+            trace,
+            fmt,
+            skip_bad=skip_bad,
+            limit=limit,
+            rate=rate,
+            block_size=cfg.engine.block_size,
+            num_requests=num_requests,
+            seed=seed,
+        )
+        points = sweep(
+            w.requests,
+            m.name,
+            g.name,
+            cfg,
+            grid,
+            executor=executor,
+            workers=workers,
+            workload_name=w.name,
+        )
+    except ImportError as exc:
+        raise click.UsageError(
+            f"{exc}; install the extra: pip install 'kvpolicy-sim[ray]'"
+        ) from exc
+    except _ERRORS as exc:
+        raise click.UsageError(str(exc)) from exc
+    if as_json:
+        click.echo(
+            json.dumps({"points": [{"params": p.params, "summary": p.summary} for p in points]})
+        )
+        return
+    table = Table(title=f"sweep on {w.name}: {m.name} on {g.name}", title_justify="left")
+    for key in grid:
+        table.add_column(key)
+    for col in ("req/s", "TTFT p99 (s)", "E2E p95 (s)", "peak KV (GiB)", "preemptions", "SLO"):
+        table.add_column(col, justify="right")
+    for p in points:
+        s = p.summary
+        table.add_row(
+            *(str(p.params[k]) for k in grid),
+            f"{s['throughput_rps']:.2f}",
+            f"{(s['ttft']['p99'] or 0):.3f}",
+            f"{(s['e2e']['p95'] or 0):.3f}",
+            f"{s['peak_kv_bytes'] / 2**30:.2f}",
+            f"{s['preemptions']:,}",
+            f"{s['slo_attainment']:.3f}",
+        )
+    Console().print(table)

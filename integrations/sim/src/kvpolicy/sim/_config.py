@@ -1,0 +1,222 @@
+"""Configuration of one simulated server: engine limits and the policy stack.
+
+A stack file is YAML with four optional sections, each a component's own config::
+
+    admission: {name: rate-limited, params: {cap: 5}}
+    eviction:  {name: token-pd, budget_fraction: 0.5, interval: 32}
+    preemption: {name: least-progressed-first, mode: recompute}
+    engine:    {block_size: 16, prefix_caching: true, max_batch: 256, token_budget: 2048}
+
+An unknown key anywhere is a :class:`ConfigError` naming the key and the keys allowed.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+from attrs.validators import ge, gt, in_, instance_of, le, optional
+
+from kvpolicy.sim._errors import ConfigError
+
+__all__ = [
+    "AdmissionConfig",
+    "EngineConfig",
+    "EvictionConfig",
+    "PreemptionConfig",
+    "SLOConfig",
+    "StackConfig",
+    "load_stack",
+    "stack_from_dict",
+]
+
+
+def _params(value: object) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"'params' must be a mapping: {value!r}")
+    return dict(value)
+
+
+def _int(minimum: int, default: int) -> int:
+    return field(default=default, validator=[instance_of(int), ge(minimum)])
+
+
+@frozen
+class EngineConfig:
+    """Limits of the serving engine itself (what vLLM calls its scheduler config)."""
+
+    block_size: int = _int(1, 16)
+    """Tokens per paged KV block."""
+    prefix_caching: bool = field(default=True, validator=instance_of(bool))
+    """Share full prompt blocks with equal prefix hashes; freed cached blocks are reused LRU."""
+    max_batch: int = _int(1, 256)
+    """Most running requests at once (vLLM's ``max_num_seqs``)."""
+    token_budget: int = _int(1, 2048)
+    """Tokens computed per iteration, decode and prefill chunks together (chunked prefill)."""
+    gpu_memory_utilization: float = field(default=0.9, validator=[gt(0.0), le(1.0)])
+    """Fraction of HBM the server may use; the KV pool is what is left after the weights."""
+    kv_capacity_tokens: int | None = field(
+        default=None, validator=optional([instance_of(int), ge(1)])
+    )
+    """Override of the KV pool size in tokens (``M`` of seed 002); ``None`` plans it."""
+    max_macro_steps: int = _int(1, 256)
+    """Most decode iterations advanced at once when nothing else happens between them."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.kv_capacity_tokens is not None and self.kv_capacity_tokens < self.block_size:
+            raise ValueError(
+                f"'kv_capacity_tokens' must hold at least one block of {self.block_size}: "
+                f"{self.kv_capacity_tokens}"
+            )
+
+
+@frozen
+class AdmissionConfig:
+    """Which admission policy decides how many waiting requests join each iteration."""
+
+    name: str = field(default="none", validator=instance_of(str))
+    """A name known to :func:`kvpolicy.sim.build_stack`; ``none`` admits while memory fits."""
+    params: dict[str, Any] = field(factory=dict, converter=_params)
+    """Keyword arguments of the policy's constructor."""
+
+
+@frozen
+class EvictionConfig:
+    """Which token eviction policy holds resident KV to a budget, and the budget."""
+
+    name: str = field(default="none", validator=instance_of(str))
+    """A name known to :func:`kvpolicy.sim.build_stack`; ``none`` keeps every token."""
+    params: dict[str, Any] = field(factory=dict, converter=_params)
+    """Keyword arguments of the policy's constructor."""
+    budget_fraction: float = field(default=0.5, validator=[gt(0.0), le(1.0)])
+    """Resident-token budget as a fraction of the KV pool."""
+    interval: int = _int(1, 32)
+    """Iterations between two eviction rounds (observe, then evict); the budget is met at
+    every iteration because each round evicts down to the budget less the growth until the
+    next round."""
+
+
+@frozen
+class PreemptionConfig:
+    """Which order preempts running requests when blocks run out, and how."""
+
+    name: str = field(default="none", validator=instance_of(str))
+    """A name known to :func:`kvpolicy.sim.build_stack`; ``none`` preempts the last admitted
+    first, as vLLM does."""
+    params: dict[str, Any] = field(factory=dict, converter=_params)
+    """Keyword arguments of the policy's constructor."""
+    mode: str = field(default="recompute", validator=in_(("recompute", "swap")))
+    """``recompute`` drops the KV and recomputes it on return; ``swap`` moves it to a CPU tier."""
+    pcie_bandwidth: float = field(default=25e9, converter=float, validator=gt(0.0))
+    """Bytes per second between GPU and the CPU tier (PCIe 4.0 x16 sustains about 25 GB/s)."""
+    cpu_swap_bytes: int = _int(0, 64 * 2**30)
+    """Capacity of the CPU swap tier in bytes; a preemption that does not fit recomputes."""
+
+
+@frozen
+class SLOConfig:
+    """Latency targets a request must meet to count as served within its SLO."""
+
+    ttft_s: float = field(default=2.0, converter=float, validator=gt(0.0))
+    """Time to first token, seconds."""
+    tpot_s: float = field(default=0.1, converter=float, validator=gt(0.0))
+    """Mean time per output token after the first, seconds."""
+
+
+@frozen
+class StackConfig:
+    """A whole policy stack: engine limits, admission, eviction, preemption, SLO."""
+
+    name: str = field(default="stack", validator=instance_of(str))
+    """Display name in tables and reports."""
+    engine: EngineConfig = field(factory=EngineConfig, validator=instance_of(EngineConfig))
+    """Engine limits."""
+    admission: AdmissionConfig = field(
+        factory=AdmissionConfig, validator=instance_of(AdmissionConfig)
+    )
+    """Admission policy."""
+    eviction: EvictionConfig = field(factory=EvictionConfig, validator=instance_of(EvictionConfig))
+    """Token eviction policy and budget."""
+    preemption: PreemptionConfig = field(
+        factory=PreemptionConfig, validator=instance_of(PreemptionConfig)
+    )
+    """Preemption order and mode."""
+    slo: SLOConfig = field(factory=SLOConfig, validator=instance_of(SLOConfig))
+    """Latency targets."""
+
+
+_SECTIONS: dict[str, type] = {
+    "engine": EngineConfig,
+    "admission": AdmissionConfig,
+    "eviction": EvictionConfig,
+    "preemption": PreemptionConfig,
+    "slo": SLOConfig,
+}
+
+
+def _build(cls: type, section: str, raw: object) -> Any:
+    if raw is None:
+        return cls()
+    if isinstance(raw, str) and "name" in {a.name for a in attrs.fields(cls)}:
+        return cls(name=raw)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"stack section {section!r} must be a mapping: {raw!r}")
+    allowed = [a.name for a in attrs.fields(cls)]
+    for key in raw:
+        if key not in allowed:
+            raise ConfigError(
+                f"unknown key {section}.{key!s} in stack; allowed: {', '.join(allowed)}"
+            )
+    try:
+        return cls(**raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"stack section {section!r}: {exc}") from exc
+
+
+def stack_from_dict(data: Mapping[str, Any], *, name: str | None = None) -> StackConfig:
+    """Build a :class:`StackConfig` from a parsed stack file.
+
+    Raises:
+        ConfigError: an unknown key (named with its section) or a bad value.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"a stack must be a mapping: {data!r}")
+    allowed = ["name", *_SECTIONS]
+    for key in data:
+        if key not in allowed:
+            raise ConfigError(f"unknown key {key!s} in stack; allowed: {', '.join(allowed)}")
+    parts = {s: _build(cls, s, data.get(s)) for s, cls in _SECTIONS.items()}
+    stack_name = name if name is not None else data.get("name", "stack")
+    if not isinstance(stack_name, str):
+        raise ConfigError(f"stack 'name' must be a string: {stack_name!r}")
+    return StackConfig(name=stack_name, **parts)
+
+
+def load_stack(path: str | pathlib.Path) -> StackConfig:
+    """Read a YAML stack file; its name defaults to the file's stem.
+
+    Raises:
+        ConfigError: the file is not valid YAML, or has an unknown key or a bad value.
+        FileNotFoundError: no such file.
+    """
+    import yaml
+
+    p = pathlib.Path(path)
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{p}: a stack file must hold a mapping, got {type(data).__name__}")
+    try:
+        return stack_from_dict(data, name=data.get("name", p.stem))
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from exc

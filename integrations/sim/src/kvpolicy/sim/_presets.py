@@ -1,0 +1,47 @@
+"""Named policy stacks: a vLLM-like baseline and the kvpolicy stack."""
+
+from __future__ import annotations
+
+import pathlib
+
+from kvpolicy.sim._config import (
+    AdmissionConfig,
+    EvictionConfig,
+    PreemptionConfig,
+    StackConfig,
+    load_stack,
+)
+from kvpolicy.sim._errors import ConfigError
+
+__all__ = ["STACK_PRESETS", "get_stack"]
+
+STACK_PRESETS: dict[str, StackConfig] = {
+    "vllm": StackConfig(name="vllm"),
+    "kvpolicy": StackConfig(
+        name="kvpolicy",
+        admission=AdmissionConfig(name="rate-limited"),
+        eviction=EvictionConfig(name="token-pd", budget_fraction=0.5),
+        preemption=PreemptionConfig(name="least-progressed-first"),
+    ),
+}
+"""``vllm``: admit while blocks last, last-in preemption by recomputation, no token
+eviction, prefix caching on (vLLM's defaults). ``kvpolicy``: rate-limited admission (seed
+002 §5.1), Token-PD eviction to half the pool (seed 000) and least-progressed-first
+preemption."""
+
+
+def get_stack(name_or_path: str | pathlib.Path) -> StackConfig:
+    """A preset by name, or a YAML stack file by path.
+
+    Raises:
+        ConfigError: neither a preset nor an existing file (the message lists the presets),
+            or a bad stack file.
+    """
+    key = str(name_or_path)
+    if key in STACK_PRESETS:
+        return STACK_PRESETS[key]
+    path = pathlib.Path(name_or_path)
+    if path.is_file():
+        return load_stack(path)
+    known = ", ".join(STACK_PRESETS)
+    raise ConfigError(f"unknown stack {key!r}: not a preset ({known}) nor a file")

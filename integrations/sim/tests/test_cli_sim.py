@@ -1,0 +1,172 @@
+"""``kvpolicy sim``: run, compare, sweep and their errors."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from click.testing import CliRunner
+
+from kvpolicy.sim.cli import main
+
+_ARGS = ["--workload", "multi-tenant", "--num-requests", "60", "--model", "Llama-3-8B"]
+
+
+def _invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+class TestRun:
+    def test_json(self) -> None:
+        """--json prints one document with the run's figures."""
+        code, out = _invoke("sim", "run", *_ARGS, "--gpu", "H100-SXM", "--json")
+        assert code == 0, out
+        doc = json.loads(out)
+        (run,) = doc["runs"]
+        assert run["stack"] == "vllm"
+        assert run["summary"]["requests"] == 60
+        assert run["summary"]["completed"] + run["summary"]["rejected"] == 60
+
+    def test_table_and_report(self, tmp_path: pathlib.Path) -> None:
+        """The table is printed and the report directory holds HTML, JSON and PNGs."""
+        code, out = _invoke("sim", "run", *_ARGS, "--gpu", "H100-SXM", "--report", str(tmp_path))
+        assert code == 0, out
+        assert "throughput (req/s)" in out
+        names = sorted(p.name for p in tmp_path.iterdir())
+        assert names == [
+            "latency_cdf.png",
+            "memory.png",
+            "report.html",
+            "results.json",
+            "tenants.png",
+        ]
+        assert "data:image/png;base64," in (tmp_path / "report.html").read_text()
+
+    def test_unknown_gpu_lists_known(self) -> None:
+        """An unknown GPU is a usage error listing the known ones."""
+        code, out = _invoke("sim", "run", *_ARGS, "--gpu", "B300")
+        assert code == 2
+        assert "unknown gpu 'B300'; known: A100-40GB" in out
+
+    def test_unknown_stack_key(self, tmp_path: pathlib.Path) -> None:
+        """A stack file with an unknown key names the key before anything runs."""
+        p = tmp_path / "s.yaml"
+        p.write_text("engine:\n  max_batchsize: 3\n")
+        code, out = _invoke("sim", "run", *_ARGS, "--gpu", "H100-SXM", "--stack", str(p))
+        assert code == 2
+        assert "unknown key engine.max_batchsize" in out
+
+    def test_nothing_fits(self, tmp_path: pathlib.Path) -> None:
+        """A pool smaller than any request is refused with the sizes."""
+        p = tmp_path / "tiny.yaml"
+        p.write_text("engine:\n  kv_capacity_tokens: 16\n")
+        code, out = _invoke("sim", "run", *_ARGS, "--gpu", "H100-SXM", "--stack", str(p))
+        assert code == 2
+        assert "no request fits" in out
+
+    def test_workload_and_trace_exclusive(self) -> None:
+        """Neither --workload nor --trace is a usage error."""
+        code, out = _invoke("sim", "run", "--model", "Llama-3-8B", "--gpu", "H100-SXM")
+        assert code == 2
+        assert "exactly one of --workload NAME or --trace PATH" in out
+
+    def test_malformed_trace(self, tmp_path: pathlib.Path) -> None:
+        """A malformed Azure row is an error naming the file; --skip-bad counts it."""
+        p = tmp_path / "t.csv"
+        p.write_text(
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+            "2023-11-16 18:15:46.6805900,374,44\n"
+            "2023-11-16 18:15:47.0000000,abc,44\n"
+            "2023-11-16 18:15:48.0000000,100,10\n"
+        )
+        base = ["sim", "run", "--trace", str(p), "--model", "Llama-3-8B", "--gpu", "H100-SXM"]
+        code, out = _invoke(*base, "--json")
+        assert code == 2
+        assert "t.csv" in out
+        code, out = _invoke(*base, "--json", "--skip-bad")
+        assert code == 0, out
+        assert "skipped 1 malformed rows" in out
+
+
+class TestCompare:
+    def test_two_stacks_side_by_side(self, tmp_path: pathlib.Path) -> None:
+        """Two stacks give two runs on the same workload."""
+        p = tmp_path / "small.yaml"
+        p.write_text("engine:\n  max_batch: 4\n")
+        code, out = _invoke(
+            "sim",
+            "compare",
+            *_ARGS,
+            "--gpu",
+            "H100-SXM",
+            "--stack",
+            "vllm",
+            "--stack",
+            str(p),
+            "--json",
+        )
+        assert code == 0, out
+        runs = json.loads(out)["runs"]
+        assert [r["stack"] for r in runs] == ["vllm", "small"]
+
+
+class TestSweep:
+    def test_grid_on_one_process(self) -> None:
+        """A two-point grid gives two points in grid order."""
+        code, out = _invoke(
+            "sim",
+            "sweep",
+            *_ARGS,
+            "--gpu",
+            "H100-SXM",
+            "--param",
+            "engine.max_batch=2,64",
+            "--workers",
+            "1",
+            "--json",
+        )
+        assert code == 0, out
+        points = json.loads(out)["points"]
+        assert [p["params"] for p in points] == [
+            {"engine.max_batch": 2},
+            {"engine.max_batch": 64},
+        ]
+        assert points[0]["summary"]["e2e"]["p95"] > points[1]["summary"]["e2e"]["p95"]
+
+    def test_unknown_parameter(self) -> None:
+        """An unknown grid field is named."""
+        code, out = _invoke(
+            "sim",
+            "sweep",
+            *_ARGS,
+            "--gpu",
+            "H100-SXM",
+            "--param",
+            "engine.nope=1",
+            "--workers",
+            "1",
+        )
+        assert code == 2
+        assert "unknown sweep parameter 'engine.nope'" in out
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+class TestRay:
+    def test_sweep_on_local_ray(self) -> None:
+        """The same grid on a one-CPU local Ray cluster gives the local results."""
+        ray = pytest.importorskip("ray", reason="ray is not installed (extra 'ray')")
+        from kvpolicy.kvmodel import Request
+        from kvpolicy.sim import StackConfig, sweep
+
+        reqs = [Request(f"r{i}", 64, 16, 0.05 * i) for i in range(20)]
+        grid = {"engine.max_batch": [1, 8]}
+        local = sweep(reqs, "Llama-3-8B", "H100-SXM", StackConfig(), grid, workers=1)
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        try:
+            remote = sweep(reqs, "Llama-3-8B", "H100-SXM", StackConfig(), grid, executor="ray")
+        finally:
+            ray.shutdown()
+        assert [p.summary for p in remote] == [p.summary for p in local]

@@ -1,0 +1,113 @@
+"""Stack configuration: YAML files, unknown keys, presets, building policies."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from kvpolicy.sim import (
+    STACK_PRESETS,
+    ConfigError,
+    EngineConfig,
+    StackConfig,
+    build_stack,
+    get_stack,
+    load_stack,
+    stack_from_dict,
+)
+
+
+class TestStackFromDict:
+    def test_sections_are_built(self) -> None:
+        """Each section becomes its component's config."""
+        cfg = stack_from_dict(
+            {
+                "name": "s",
+                "engine": {"block_size": 32, "max_batch": 64},
+                "eviction": {"name": "none", "budget_fraction": 0.25},
+                "preemption": {"mode": "swap"},
+            }
+        )
+        assert cfg.name == "s"
+        assert cfg.engine.block_size == 32
+        assert cfg.engine.max_batch == 64
+        assert cfg.eviction.budget_fraction == 0.25
+        assert cfg.preemption.mode == "swap"
+
+    def test_a_bare_name_is_accepted(self) -> None:
+        """``admission: greedy`` is short for ``admission: {name: greedy}``."""
+        assert stack_from_dict({"admission": "greedy"}).admission.name == "greedy"
+
+    def test_unknown_top_level_key(self) -> None:
+        """An unknown section is named in the error."""
+        with pytest.raises(ConfigError, match="unknown key tiers"):
+            stack_from_dict({"tiers": {}})
+
+    def test_unknown_nested_key(self) -> None:
+        """An unknown key of a section is named with its section."""
+        with pytest.raises(ConfigError, match=r"unknown key engine\.blocksize"):
+            stack_from_dict({"engine": {"blocksize": 16}})
+
+    def test_bad_value(self) -> None:
+        """A value a validator rejects names the section and the field."""
+        with pytest.raises(ConfigError, match="'budget_fraction' must be <= 1"):
+            stack_from_dict({"eviction": {"budget_fraction": 1.5}})
+
+
+class TestEngineConfig:
+    def test_capacity_below_a_block(self) -> None:
+        """A pool smaller than one block is a ValueError naming the field."""
+        with pytest.raises(ValueError, match="'kv_capacity_tokens'"):
+            EngineConfig(block_size=16, kv_capacity_tokens=8)
+
+    def test_wrong_type(self) -> None:
+        """A float block size is a TypeError."""
+        with pytest.raises(TypeError, match="'block_size'"):
+            EngineConfig(block_size=16.0)  # type: ignore[arg-type]
+
+
+class TestLoadStack:
+    def test_yaml_file(self, tmp_path: pathlib.Path) -> None:
+        """A YAML file is read and named after its stem."""
+        p = tmp_path / "mine.yaml"
+        p.write_text("engine:\n  token_budget: 512\nslo:\n  ttft_s: 1.5\n")
+        cfg = load_stack(p)
+        assert cfg.name == "mine"
+        assert cfg.engine.token_budget == 512
+        assert cfg.slo.ttft_s == 1.5
+
+    def test_unknown_key_names_the_file(self, tmp_path: pathlib.Path) -> None:
+        """The error names the file and the key."""
+        p = tmp_path / "bad.yaml"
+        p.write_text("admission:\n  nmae: greedy\n")
+        with pytest.raises(ConfigError, match=r"bad\.yaml: unknown key admission\.nmae"):
+            load_stack(p)
+
+    def test_presets_and_files(self, tmp_path: pathlib.Path) -> None:
+        """get_stack takes a preset name or a path, and lists presets otherwise."""
+        assert get_stack("vllm") is STACK_PRESETS["vllm"]
+        with pytest.raises(ConfigError, match="not a preset \\(vllm, kvpolicy\\)"):
+            get_stack(str(tmp_path / "missing.yaml"))
+
+
+class TestBuildStack:
+    def test_none_builds_nothing(self) -> None:
+        """The default stack uses the engine's own mechanics only."""
+        stack = build_stack(StackConfig())
+        assert (stack.admission, stack.eviction, stack.preemption) == (None, None, None)
+
+    def test_unknown_names_list_known(self) -> None:
+        """An unknown admission name lists the known ones."""
+        with pytest.raises(ConfigError, match="unknown admission policy 'magic'; known: none"):
+            build_stack(stack_from_dict({"admission": "magic"}))
+
+    def test_unknown_preemption(self) -> None:
+        """An unknown preemption name lists the known ones."""
+        with pytest.raises(ConfigError, match="least-progressed-first"):
+            build_stack(stack_from_dict({"preemption": {"name": "random"}}))
+
+    def test_unknown_eviction(self) -> None:
+        """An unknown eviction name is refused."""
+        with pytest.raises(ConfigError, match="unknown eviction policy 'magic'"):
+            build_stack(stack_from_dict({"eviction": {"name": "magic"}}))

@@ -1,0 +1,206 @@
+"""The continuous-batching engine: timing, batching, prefix cache, preemption, eviction."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvpolicy.kvmodel import Request, SchedulerState, get_gpu, get_model
+from kvpolicy.sim import (
+    ConfigError,
+    Engine,
+    EngineConfig,
+    EvictionConfig,
+    PreemptionConfig,
+    SimError,
+    TimingModel,
+)
+
+
+class TestSingleRequest:
+    def test_times_follow_the_roofline(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """TTFT is one prefill iteration; each further token one decode iteration."""
+        rec = Engine(tm, EngineConfig()).run([kit.request(0, prompt=100, decode=5, t=1.0)])
+        prefill = tm.iteration_time(100, 100, 100 * 101 // 2)
+        assert rec.first_token[0] == pytest.approx(1.0 + prefill, rel=1e-12)
+        decode = tm.decode_times(1, 100, 100, 4).sum()
+        assert rec.finish[0] == pytest.approx(1.0 + prefill + decode, rel=1e-12)
+        assert rec.iterations == 5
+
+    def test_chunked_prefill_splits_the_prompt(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """A 100-token prompt under a 32-token budget takes four prefill iterations."""
+        rec = Engine(tm, EngineConfig(token_budget=32)).run([kit.request(0, 100, 2)])
+        assert rec.iterations == 4 + 1
+
+    def test_kv_memory_is_released(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """The last sample holds no blocks once every request finished."""
+        reqs = [kit.request(i, 40, 10, t=0.01 * i) for i in range(5)]
+        rec = Engine(tm, kit.engine(4096)).run(reqs)
+        assert np.isfinite(rec.finish).all()
+        assert rec.series_kv_tokens[-1] == 0
+
+
+class TestMacroSteps:
+    @settings(max_examples=25, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(st.integers(1, 300), st.integers(1, 60), st.floats(0, 0.5)),
+            min_size=1,
+            max_size=12,
+        )
+    )
+    def test_equal_to_single_steps(self, rows: list[tuple[int, int, float]]) -> None:
+        """Advancing k decode iterations at once gives the times of k single iterations."""
+        rows = sorted(rows, key=lambda r: r[2])
+        reqs = [Request(f"r{i}", p, d, t) for i, (p, d, t) in enumerate(rows)]
+        tm = TimingModel(get_model("Llama-3-8B"), get_gpu("H100-SXM"))
+        fast = Engine(tm, EngineConfig(kv_capacity_tokens=2048)).run(reqs)
+        slow = Engine(tm, EngineConfig(kv_capacity_tokens=2048, max_macro_steps=1)).run(reqs)
+        np.testing.assert_allclose(fast.finish, slow.finish, rtol=1e-9)
+        np.testing.assert_allclose(fast.first_token, slow.first_token, rtol=1e-9)
+        assert fast.iterations == slow.iterations
+        np.testing.assert_array_equal(fast.preemptions, slow.preemptions)
+
+
+class TestPrefixCache:
+    def test_shared_prefix_is_not_recomputed(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """The second request's three cached prompt blocks count as hits."""
+        hashes = (11, 12, 13)
+        reqs = [
+            kit.request(0, 56, 4, 0.0, prefix_hashes=hashes),
+            kit.request(1, 56, 4, 1.0, prefix_hashes=hashes),
+        ]
+        rec = Engine(tm, EngineConfig(block_size=16)).run(reqs)
+        assert rec.prefix_hit_tokens == 48
+
+    def test_off_means_no_hits(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """With prefix caching off, nothing is shared."""
+        hashes = (11, 12, 13)
+        reqs = [
+            kit.request(0, 56, 4, 0.0, prefix_hashes=hashes),
+            kit.request(1, 56, 4, 1.0, prefix_hashes=hashes),
+        ]
+        rec = Engine(tm, EngineConfig(prefix_caching=False)).run(reqs)
+        assert rec.prefix_hit_tokens == 0
+
+
+class TestAdmission:
+    def test_policy_count_is_obeyed(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """One admission per iteration staggers four simultaneous arrivals."""
+
+        class OnePerStep:
+            def admit(self, state: SchedulerState, waiting: object) -> int:
+                return 1
+
+        rec = Engine(tm, EngineConfig(), admission=OnePerStep()).run(
+            [kit.request(i, 16, 20) for i in range(4)]
+        )
+        assert len(set(rec.first_admitted.tolist())) == 4
+        assert np.all(np.diff(rec.first_admitted) > 0)
+
+    def test_out_of_range_count_raises(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """A count larger than the queue is a SimError naming the count."""
+
+        class TooMany:
+            def admit(self, state: SchedulerState, waiting: object) -> int:
+                return 7
+
+        with pytest.raises(SimError, match="returned 7"):
+            Engine(tm, EngineConfig(), admission=TooMany()).run([kit.request(0)])
+
+    def test_non_policy_is_a_type_error(self, tm: TimingModel) -> None:
+        """An object without admit() is refused when the engine is built."""
+        with pytest.raises(TypeError, match="'admission' must implement AdmissionPolicy"):
+            Engine(tm, EngineConfig(), admission=object())  # type: ignore[arg-type]
+
+
+class TestPreemption:
+    def _reqs(self, kit: SimpleNamespace) -> list[Request]:
+        return [kit.request(i, 64, 200, 0.001 * i) for i in range(3)]
+
+    def test_default_preempts_last_admitted(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """Without a policy the youngest request is preempted and recomputed."""
+        rec = Engine(tm, kit.engine(512)).run(self._reqs(kit))
+        assert rec.preemptions.tolist()[0] == 0
+        assert rec.preemptions.sum() > 0
+        assert rec.recomputed_tokens > 0
+        assert np.isfinite(rec.finish).all()
+
+    def test_policy_order_is_followed(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """Preempting the oldest first preempts request r0."""
+        rec = Engine(tm, kit.engine(512), preemption=kit.OldestFirst()).run(self._reqs(kit))
+        assert rec.preemptions[0] > 0
+
+    def test_swap_moves_kv_instead_of_recomputing(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """Swap mode preempts without recomputation and counts the tokens moved."""
+        rec = Engine(tm, kit.engine(512), preemption_config=PreemptionConfig(mode="swap")).run(
+            self._reqs(kit)
+        )
+        assert rec.preemptions.sum() > 0
+        assert rec.swapped_tokens > 0
+        assert rec.recomputed_tokens == 0
+        assert np.isfinite(rec.finish).all()
+
+
+class TestTokenEviction:
+    def _run(self, kit: SimpleNamespace, tm: TimingModel) -> tuple[object, object]:
+        ev = kit.FifoEviction()
+        reqs = [kit.request(i, 300, 400, 0.002 * i) for i in range(6)]
+        eng = Engine(
+            tm,
+            kit.engine(8192, token_budget=256),
+            eviction=ev,
+            eviction_config=EvictionConfig(budget_fraction=0.25, interval=8),
+        )
+        return eng.run(reqs), ev
+
+    def test_budget_is_never_exceeded(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """Resident tokens stay within the budget at every sample, and tokens were evicted."""
+        rec, _ = self._run(kit, tm)
+        assert rec.eviction_budget == 2048
+        assert int(rec.series_resident.max()) <= 2048
+        assert rec.evicted_tokens > 0
+        assert np.isfinite(rec.finish).all()
+
+    def test_policy_sees_attention(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """The policy observes attention and the recall reflects the evicted mass."""
+        rec, ev = self._run(kit, tm)
+        assert ev.observed > 0
+        assert 0.0 < rec.attention_recall < 1.0
+        assert ev.resident_tokens() == 0
+
+    def test_small_budget_is_a_config_error(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """A budget below two iterations' tokens is refused when the engine is built."""
+        with pytest.raises(ConfigError, match="eviction budget"):
+            Engine(
+                tm,
+                kit.engine(1024),
+                eviction=kit.FifoEviction(),
+                eviction_config=EvictionConfig(budget_fraction=0.5),
+            )
+
+
+class TestBadInput:
+    def test_no_request_fits(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """Requests longer than the pool are refused before anything runs."""
+        with pytest.raises(ConfigError, match="no request fits"):
+            Engine(tm, kit.engine(64)).run([kit.request(0, 100, 10)])
+
+    def test_too_long_requests_are_rejected(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """A request past the model's context is rejected; the others run."""
+        rec = Engine(tm, EngineConfig()).run([kit.request(0, 9000, 10), kit.request(1, 10, 10)])
+        assert rec.rejected.tolist() == [True, False]
+        assert math.isnan(rec.finish[0])
+        assert np.isfinite(rec.finish[1])
+
+    def test_unsorted_arrivals(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """Requests out of arrival order are a ValueError."""
+        with pytest.raises(ValueError, match="sorted by arrival_time"):
+            Engine(tm, EngineConfig()).run([kit.request(0, t=1.0), kit.request(1, t=0.0)])
