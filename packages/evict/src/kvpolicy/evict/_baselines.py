@@ -11,7 +11,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from kvpolicy.evict._table import ScoredPolicy
+from kvpolicy.evict._table import ScoredPolicy, _as_positions
 
 __all__ = ["FIFOPolicy", "H2OPolicy", "LRUPolicy", "SinkWindowPolicy"]
 
@@ -86,7 +86,7 @@ class H2OPolicy(ScoredPolicy):
         self, stream: str, positions: NDArray[np.int64]
     ) -> NDArray[np.float64]:
         """(n,) float64 attention accumulated by resident ``positions`` of ``stream``."""
-        slots = self._slots_of(self._stream(stream), stream, np.asarray(positions, np.int64))
+        slots = self._lookup(stream, _as_positions(positions))
         return self._raw[slots].copy()
 
 

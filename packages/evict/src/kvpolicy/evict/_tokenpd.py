@@ -180,7 +180,7 @@ class TokenPDPolicy(ScoredPolicy):
         self, stream: str, positions: NDArray[np.int64]
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Current ``(R_hat, sigma_hat^2)`` of resident ``positions``, each (n,) float64."""
-        slots = self._slots_of(self._stream(stream), stream, _as_positions(positions))
+        slots = self._lookup(stream, _as_positions(positions))
         return self._estimate(slots)
 
     def excess_values(self, stream: str, positions: NDArray[np.int64]) -> NDArray[np.float64]:
@@ -294,7 +294,7 @@ class TokenPDPolicy(ScoredPolicy):
         self._last_demand = demand
         over = self._resident - budget
         if over > 0:
-            victims = self._smallest(over)
+            victims = self._smallest(over, pruned=not out)
             if self._price is None:
                 top = float(self._raw[victims].max())
                 self._price = max(top / cfg.token_cost, cfg.min_price)
