@@ -11,6 +11,12 @@ from __future__ import annotations
 from kvpolicy.evict.__about__ import __version__
 from kvpolicy.evict._baselines import FIFOPolicy, H2OPolicy, LRUPolicy, SinkWindowPolicy
 from kvpolicy.evict._errors import EvictError, UnknownPolicyError
+from kvpolicy.evict._knapsack import (
+    KnapsackRun,
+    clairvoyant_value,
+    online_knapsack,
+    settling_step,
+)
 from kvpolicy.evict._preempt import (
     CostAware,
     LastInFirstOut,
@@ -29,6 +35,7 @@ __all__ = [
     "EvictError",
     "FIFOPolicy",
     "H2OPolicy",
+    "KnapsackRun",
     "LRUPolicy",
     "LastInFirstOut",
     "LeastProgressedFirst",
@@ -40,7 +47,10 @@ __all__ = [
     "TokenPDPolicy",
     "UnknownPolicyError",
     "__version__",
+    "clairvoyant_value",
     "dual_update",
     "excess_value",
     "make_policy",
+    "online_knapsack",
+    "settling_step",
 ]
