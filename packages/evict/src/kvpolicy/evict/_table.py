@@ -561,7 +561,9 @@ class ScoredPolicy:
     def _rebuild_candidates(self, k: int) -> None:
         """Make the candidate set the ~m smallest tokens, m amortising the full pass."""
         self._in_cand[self._cand] = False
-        m = max(_CANDIDATE_FACTOR * k, _MIN_CANDIDATES)
+        # A rebuild costs O(resident) and lasts ~m/k steps; each step costs O(m):
+        # m ~ sqrt(resident * k) balances the two.
+        m = max(_CANDIDATE_FACTOR * k, _MIN_CANDIDATES, int(math.sqrt(self._resident * k)))
         keys = self._key[: self._cap]
         if self._resident <= 2 * m:
             cand = np.flatnonzero(keys < math.inf)
