@@ -95,10 +95,14 @@ class EvictionConfig:
     """Keyword arguments of the policy's constructor."""
     budget_fraction: float = field(default=0.5, validator=[gt(0.0), le(1.0)])
     """Resident-token budget as a fraction of the KV pool."""
-    interval: int = _int(1, 32)
-    """Iterations between two eviction rounds (observe, then evict); the budget is met at
-    every iteration because each round evicts down to the budget less the growth until the
-    next round."""
+    interval: int = _int(1, 128)
+    """Most iterations between two eviction rounds (observe the attention accumulated since
+    the last round, then evict). A round also runs whenever the next iteration's growth
+    would pass the budget, so the budget holds at every iteration whatever the interval."""
+    evict_ahead: int = _int(0, 16)
+    """Iterations of KV growth a round leaves room for below the budget (at most a quarter
+    of the budget), so that rounds under memory pressure come every ``evict_ahead``
+    iterations rather than every one."""
 
 
 @frozen
@@ -110,8 +114,10 @@ class PreemptionConfig:
     first, as vLLM does."""
     params: dict[str, Any] = field(factory=dict, converter=_params)
     """Keyword arguments of the policy's constructor."""
-    mode: str = field(default="recompute", validator=in_(("recompute", "swap")))
-    """``recompute`` drops the KV and recomputes it on return; ``swap`` moves it to a CPU tier."""
+    mode: str = field(default="recompute", validator=in_(("recompute", "swap", "restart")))
+    """``recompute`` drops the KV and recomputes prompt and outputs on return (vLLM);
+    ``swap`` moves the KV to a CPU tier and back; ``restart`` drops the outputs too, so the
+    request starts over at decode stage 0 (seed 002's eviction model, §2.2 step 3)."""
     pcie_bandwidth: float = field(default=25e9, converter=float, validator=gt(0.0))
     """Bytes per second between GPU and the CPU tier (PCIe 4.0 x16 sustains about 25 GB/s)."""
     cpu_swap_bytes: int = _int(0, 64 * 2**30)

@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import overload
 
+import attrs
 import numpy as np
 from attrs import frozen
 from numpy.typing import NDArray
@@ -395,6 +396,12 @@ class _Run:
         return sum(s.pool_tokens for s in self.running)
 
     def views(self) -> tuple[SequenceView, ...]:
+        # Every field comes from the engine's own checked state; validating each of the
+        # batch's views at every iteration would cost more than the iteration itself.
+        with attrs.validators.disabled():
+            return self._views()
+
+    def _views(self) -> tuple[SequenceView, ...]:
         return tuple(
             SequenceView(
                 request_id=s.rid,
@@ -553,6 +560,8 @@ class _Run:
         # Recomputation: the prompt and every output fed back so far are computed again.
         lost = s.computed + (s.generated if s.decoding else 0)
         self.counters["recomputed"] += lost
+        if cfg.mode == "restart":
+            s.generated = 0  # the outputs are lost too: decode starts over
         s.target = s.req.prompt_len + s.generated
         s.computed = 0
         s.pool_tokens = 0
@@ -598,6 +607,7 @@ class _Run:
         am = self.e._attention
         for s in self.running:
             self._insert(s, s.written)
+        for s in self.running:
             steps = self.step - s.observed_at
             if steps <= 0 or not len(s.positions):
                 continue
@@ -662,7 +672,7 @@ class _Run:
     def headroom(self, batch: int) -> int:
         """Tokens left free below the budget at a round, for growth until the next one."""
         assert self.budget is not None
-        return min(batch * self.interval, self.budget // 4)
+        return min(batch * self.e._ev_cfg.evict_ahead, self.budget // 4)
 
     def blocks_for(self, seqs: Sequence[_Seq], k: int) -> int:
         bs = self.bs
