@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvpolicy.sim.workloads as wl
-from kvpolicy.kvmodel import Request
+from kvpolicy.kvmodel import BlockPool, Request
 from kvpolicy.sim.workloads import (
     SERVICE_CLASSES,
     WORKLOAD_NAMES,
@@ -21,6 +21,7 @@ from kvpolicy.sim.workloads import (
     LogNormalLengths,
     PMFLengths,
     Poisson,
+    PrefixSharing,
     Saturated,
     SyntheticConfig,
     TenantSpec,
@@ -485,3 +486,111 @@ class TestPresets:
         """A preset's config can be modified and generated."""
         config = attrs.evolve(workload_config("saturated", num_requests=5), name="mine")
         assert generate(config).name == "mine"
+
+
+class TestPrefixSharing:
+    def _workload(self, sharing: PrefixSharing, n: int = 200, **kw: object) -> Workload:
+        config = SyntheticConfig(
+            num_requests=n,
+            arrivals=Poisson(1.0),
+            lengths=kw.pop("lengths", LogNormalLengths(6.5, 0.8, 3.0, 0.5)),  # type: ignore[arg-type]
+            tenants=kw.pop("tenants", (TenantSpec("default"),)),  # type: ignore[arg-type]
+            prefix=sharing,
+        )
+        return generate(config, seed=5)
+
+    def test_system_prompt_shared_within_a_tenant(self) -> None:
+        """Every request shares its tenant's system prompt blocks; tenants differ."""
+        w = self._workload(
+            PrefixSharing(system_prompt_len=64, block_size=16),
+            lengths=FixedLengths(100, 1),
+            tenants=(TenantSpec("a", 0.5), TenantSpec("b", 0.5)),
+        )
+        firsts: dict[str, set[tuple[int, ...]]] = {r.tenant: set() for r in w.requests}
+        for r in w.requests:
+            assert len(r.prefix_hashes) == 100 // 16
+            firsts[r.tenant].add(r.prefix_hashes[:4])
+        assert {len(s) for s in firsts.values()} == {1}
+        assert firsts["a"] != firsts["b"]
+        assert len({r.prefix_hashes[4] for r in w.requests}) == w.num_requests
+
+    def test_follow_up_shares_longest_shorter_parent(self) -> None:
+        """A follow-up shares the whole prompt of the longest recent shorter request."""
+        lengths = EmpiricalLengths((32, 64, 48, 80), (1, 1, 1, 1))
+        w = self._workload(
+            PrefixSharing(follow_up_probability=1.0, block_size=16), n=50, lengths=lengths
+        )
+        for i, r in enumerate(w.requests):
+            shorter = [p for p in w.requests[max(0, i - 64) : i] if p.prompt_len <= r.prompt_len]
+            if shorter:
+                parent = max(shorter, key=lambda p: (p.prompt_len, w.requests.index(p)))
+                assert r.prefix_hashes[: len(parent.prefix_hashes)] == parent.prefix_hashes
+
+    def test_block_pool_hits_the_parent_prompt(self) -> None:
+        """kvmodel's BlockPool finds a follow-up's inherited blocks in its prefix cache."""
+        lengths = EmpiricalLengths((64, 96), (1, 1))
+        w = self._workload(
+            PrefixSharing(follow_up_probability=1.0, block_size=16), n=20, lengths=lengths
+        )
+        i = next(i for i, r in enumerate(w.requests) if i > 0 and r.prompt_len == 96)
+        child = w.requests[i]
+        parent = max(w.requests[:i], key=lambda r: r.prompt_len)
+        pool = BlockPool(num_blocks=64, block_size=16)
+        assert pool.allocate(parent.request_id, parent.prompt_len, parent.prefix_hashes)
+        alloc = pool.allocate(child.request_id, 96, child.prefix_hashes)
+        assert alloc is not None
+        assert alloc.cached_tokens == parent.prompt_len
+
+    def test_no_sharing_means_unique_blocks(self) -> None:
+        """With no system prompt and no follow-ups every block hash is unique."""
+        w = self._workload(PrefixSharing())
+        assert describe(w)["prefix"]["hit_ratio"] == 0.0
+
+    @pytest.mark.parametrize(
+        ("kwargs", "match"),
+        [
+            ({"follow_up_probability": 1.5}, r"'follow_up_probability' must be in \[0, 1\]: 1.5"),
+            ({"block_size": 0}, "'block_size' must be >= 1"),
+            ({"system_prompt_len": -1}, "'system_prompt_len' must be >= 0"),
+        ],
+    )
+    def test_validation(self, kwargs: dict[str, object], match: str) -> None:
+        """Bad parameters raise naming the field and the value."""
+        with pytest.raises(ValueError, match=match):
+            PrefixSharing(**kwargs)  # type: ignore[arg-type]
+
+    @settings(max_examples=30, deadline=None)
+    @given(
+        system=st.integers(0, 200),
+        follow=st.floats(0.0, 1.0),
+        block_size=st.sampled_from([1, 8, 16, 32]),
+        seed=st.integers(0, 1000),
+    )
+    def test_hashes_are_prefix_closed(
+        self, system: int, follow: float, block_size: int, seed: int
+    ) -> None:
+        """One hash per full block, and requests sharing block k share all blocks before it."""
+        config = SyntheticConfig(
+            num_requests=30,
+            arrivals=Poisson(1.0),
+            lengths=LogNormalLengths(4.0, 1.0, 1.0, 0.5),
+            prefix=PrefixSharing(system, follow, session_window=8, block_size=block_size),
+        )
+        w = generate(config, seed=seed)
+        position: dict[int, tuple[int, tuple[int, ...]]] = {}
+        for r in w.requests:
+            assert len(r.prefix_hashes) == r.prompt_len // block_size
+            for k, h in enumerate(r.prefix_hashes):
+                if h in position:
+                    k0, prefix = position[h]
+                    assert k0 == k
+                    assert r.prefix_hashes[:k] == prefix
+                else:
+                    position[h] = (k, r.prefix_hashes[:k])
+
+    def test_mooncake_like_preset_has_hashes(self) -> None:
+        """The mooncake-like preset carries prefix hashes with reuse."""
+        w = get_workload("mooncake-like", num_requests=300)
+        prefix = describe(w)["prefix"]
+        assert prefix["requests_with_hashes"] == 300
+        assert prefix["hit_ratio"] > 0.2

@@ -20,6 +20,7 @@ from kvpolicy.sim.workloads._lengthdist import (
 )
 from kvpolicy.sim.workloads._load import TRACE_FORMATS, detect_format, load_trace
 from kvpolicy.sim.workloads._mooncake import expand_block_hashes
+from kvpolicy.sim.workloads._prefix import PrefixSharing
 from kvpolicy.sim.workloads._presets import WORKLOAD_NAMES, get_workload, workload_config
 from kvpolicy.sim.workloads._servegen import ServeGenClient, servegen_client_stats
 from kvpolicy.sim.workloads._synthetic import (
@@ -42,6 +43,7 @@ __all__ = [
     "LogNormalLengths",
     "PMFLengths",
     "Poisson",
+    "PrefixSharing",
     "Saturated",
     "ServeGenClient",
     "SyntheticConfig",

@@ -30,26 +30,38 @@ rank   share       CV
 5-43   0.2869      1.842
 =====  ==========  =======
 
+Prefix reuse (Mooncake, the only trace with block hashes; 512-token blocks): every one of the
+12,031 requests starts with the same block (a system prompt of at least 512 tokens), and
+38.72% of requests reuse more than that block from an earlier request (a conversation's next
+turn). :class:`PrefixSharing` with ``system_prompt_len=512``, ``follow_up_probability=0.3872``
+and ``session_window=64`` (the one fitted parameter, chosen to match the hit ratio) gives an
+unbounded-cache hit ratio of 0.367 on 16-token blocks for 12,031 mooncake-like requests
+(seed 0), against 0.374 for the trace itself.
+
 ShareGPT and arXiv have no timestamps. Their presets use Poisson arrivals at the rate that
 offers the same prompt tokens per second as the Azure conversation trace
-(``5.5301 * 1154.7 = 6386`` tokens/s): ``6386 / 2340.0 = 2.729`` req/s for ShareGPT (mean
-prompt 2340.0) and ``6386 / 2588.3 = 2.467`` req/s for arXiv (mean prompt 2588.3).
+(``5.5301 * 1154.70 = 6385.6`` tokens/s): ``6385.6 / 2340.03 = 2.7289`` req/s for ShareGPT
+(mean prompt 2340.03) and ``6385.6 / 2588.08 = 2.4673`` req/s for arXiv (mean prompt 2588.08).
 """
 
 from __future__ import annotations
 
 from kvpolicy.sim.workloads._arrivals import GammaArrivals
 from kvpolicy.sim.workloads._lengthdist import LogNormalLengths
+from kvpolicy.sim.workloads._prefix import PrefixSharing
 
 __all__ = [
     "ARXIV_LENGTHS",
+    "ARXIV_MEAN_PROMPT",
     "AZURE_CONV_ARRIVALS",
     "AZURE_CONV_LENGTHS",
     "AZURE_CONV_PROMPT_TOKENS_PER_S",
     "MOONCAKE_CONV_ARRIVALS",
     "MOONCAKE_CONV_LENGTHS",
+    "MOONCAKE_CONV_PREFIX",
     "SERVEGEN_M_SMALL_TENANTS",
     "SHAREGPT_LENGTHS",
+    "SHAREGPT_MEAN_PROMPT",
 ]
 
 AZURE_CONV_ARRIVALS = GammaArrivals(rate=5.5301, cv=1.0942)
@@ -69,18 +81,26 @@ MOONCAKE_CONV_LENGTHS = LogNormalLengths(
     correlation=0.0511, max_prompt_len=126195, max_decode_len=2000,
 )  # fmt: skip
 """Prompt/output lengths of the Mooncake conversation trace (long prompts)."""
+MOONCAKE_CONV_PREFIX = PrefixSharing(
+    system_prompt_len=512, follow_up_probability=0.3872, session_window=64, block_size=16
+)
+"""Prefix reuse of the Mooncake conversation trace: a shared system block, follow-up turns."""
 
 SHAREGPT_LENGTHS = LogNormalLengths(
     prompt_mu=7.0065, prompt_sigma=1.6257, decode_mu=5.7694, decode_sigma=1.0011,
     correlation=0.0624, max_prompt_len=8141, max_decode_len=1024,
 )  # fmt: skip
 """ShareGPT prompt/response lengths (Llama-2 tokenizer, filtered to 8k tokens)."""
+SHAREGPT_MEAN_PROMPT = 2340.03
+"""Mean prompt tokens of the ShareGPT file."""
 
 ARXIV_LENGTHS = LogNormalLengths(
     prompt_mu=7.7166, prompt_sigma=0.7548, decode_mu=5.1867, decode_sigma=0.7956,
     correlation=-0.4841, max_prompt_len=4054, max_decode_len=4056,
 )  # fmt: skip
 """arXiv summarisation prompt/response lengths: long prompts, short outputs."""
+ARXIV_MEAN_PROMPT = 2588.08
+"""Mean prompt tokens of the arXiv summarisation file."""
 
 SERVEGEN_M_SMALL_TENANTS: tuple[tuple[float, float], ...] = (
     (0.2988, 3.097),

@@ -11,7 +11,8 @@ multi-tenant       the default: five tenants, one per seed 004 service class, wi
                    lengths for the batch tenant), 5.53 req/s in all, 2,000 requests
 azure-conv-like    Azure conversation trace: Gamma arrivals 5.53 req/s CV 1.09, its lengths
 mooncake-like      Mooncake conversation trace: Gamma arrivals 3.40 req/s CV 3.03, long
-                   prompts (mean about 12k tokens)
+                   prompts (mean about 12k tokens), prefix hashes (16-token blocks) with a
+                   shared system prompt and conversation follow-ups (hit ratio about 0.37)
 sharegpt-like      ShareGPT lengths, Poisson arrivals offering Azure's prompt tokens/s
 long-context       arXiv-summarisation lengths (prompts about 2.6k tokens, short outputs),
                    Poisson arrivals offering Azure's prompt tokens/s
@@ -29,13 +30,16 @@ import attrs
 from kvpolicy.sim.workloads._arrivals import Poisson, Saturated
 from kvpolicy.sim.workloads._calibration import (
     ARXIV_LENGTHS,
+    ARXIV_MEAN_PROMPT,
     AZURE_CONV_ARRIVALS,
     AZURE_CONV_LENGTHS,
     AZURE_CONV_PROMPT_TOKENS_PER_S,
     MOONCAKE_CONV_ARRIVALS,
     MOONCAKE_CONV_LENGTHS,
+    MOONCAKE_CONV_PREFIX,
     SERVEGEN_M_SMALL_TENANTS,
     SHAREGPT_LENGTHS,
+    SHAREGPT_MEAN_PROMPT,
 )
 from kvpolicy.sim.workloads._lengthdist import FixedLengths
 from kvpolicy.sim.workloads._synthetic import SyntheticConfig, TenantSpec, generate
@@ -93,6 +97,7 @@ def _mooncake() -> SyntheticConfig:
         num_requests=_DEFAULT_REQUESTS,
         arrivals=MOONCAKE_CONV_ARRIVALS,
         lengths=MOONCAKE_CONV_LENGTHS,
+        prefix=MOONCAKE_CONV_PREFIX,
     )
 
 
@@ -100,7 +105,7 @@ def _sharegpt() -> SyntheticConfig:
     return SyntheticConfig(
         name="sharegpt-like",
         num_requests=_DEFAULT_REQUESTS,
-        arrivals=Poisson(rate=round(AZURE_CONV_PROMPT_TOKENS_PER_S / 2340.0, 4)),
+        arrivals=Poisson(rate=round(AZURE_CONV_PROMPT_TOKENS_PER_S / SHAREGPT_MEAN_PROMPT, 4)),
         lengths=SHAREGPT_LENGTHS,
     )
 
@@ -109,7 +114,7 @@ def _long_context() -> SyntheticConfig:
     return SyntheticConfig(
         name="long-context",
         num_requests=_DEFAULT_REQUESTS,
-        arrivals=Poisson(rate=round(AZURE_CONV_PROMPT_TOKENS_PER_S / 2588.3, 4)),
+        arrivals=Poisson(rate=round(AZURE_CONV_PROMPT_TOKENS_PER_S / ARXIV_MEAN_PROMPT, 4)),
         lengths=ARXIV_LENGTHS,
     )
 

@@ -21,6 +21,7 @@ from kvpolicy.kvmodel import Request
 from kvpolicy.sim.workloads._arrivals import ArrivalProcess, GammaArrivals, Saturated
 from kvpolicy.sim.workloads._calibration import AZURE_CONV_ARRIVALS, AZURE_CONV_LENGTHS
 from kvpolicy.sim.workloads._lengthdist import LengthDistribution
+from kvpolicy.sim.workloads._prefix import PrefixSharing, assign_prefix_hashes
 from kvpolicy.sim.workloads._workload import Workload
 
 __all__ = ["SERVICE_CLASSES", "SyntheticConfig", "TenantSpec", "generate"]
@@ -131,6 +132,10 @@ class SyntheticConfig:
         default=(TenantSpec("default"),), converter=_to_tenants, validator=_check_tenants
     )
     """The tenants; shares sum to 1."""
+    prefix: PrefixSharing | None = field(
+        default=None, validator=optional(instance_of(PrefixSharing))
+    )
+    """Prefix reuse (system prompts, conversation follow-ups); ``None``: no prefix hashes."""
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.arrivals, Saturated):
@@ -201,10 +206,15 @@ def generate(config: SyntheticConfig, seed: int = 0) -> Workload:
         mask = chosen_owner == i
         dist = tenant.lengths if tenant.lengths is not None else config.lengths
         lengths[mask] = dist.sample(int(mask.sum()), rng)
+    hashes: list[tuple[int, ...]] = (
+        assign_prefix_hashes(lengths[:, 0], chosen_owner, config.prefix, rng)
+        if config.prefix is not None
+        else [()] * n
+    )
     counters = [0] * len(tenants)
     requests: list[Request] = []
-    for t, i, (p, d) in zip(
-        chosen_time.tolist(), chosen_owner.tolist(), lengths.tolist(), strict=True
+    for t, i, (p, d), h in zip(
+        chosen_time.tolist(), chosen_owner.tolist(), lengths.tolist(), hashes, strict=True
     ):
         tenant = tenants[i]
         requests.append(
@@ -215,6 +225,7 @@ def generate(config: SyntheticConfig, seed: int = 0) -> Workload:
                 arrival_time=t,
                 tenant=tenant.name,
                 priority=tenant.request_priority,
+                prefix_hashes=h,  # type: ignore[arg-type]  # kvmodel: converter=tuple
             )
         )
         counters[i] += 1

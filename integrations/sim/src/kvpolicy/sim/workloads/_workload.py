@@ -174,7 +174,9 @@ def _prefix_stats(requests: tuple[Request, ...]) -> dict[str, float | int]:
                 "hit_ratio": 0.0}  # fmt: skip
     chained = itertools.chain.from_iterable(r.prefix_hashes for r in requests)
     try:
-        unique = int(np.unique(np.fromiter(chained, dtype=np.int64, count=refs)).size)
+        flat = np.fromiter(chained, dtype=np.int64, count=refs)
+        flat.sort()  # sort + diff: several times faster than np.unique on millions of ints
+        unique = int(np.count_nonzero(np.diff(flat))) + 1
     except OverflowError:  # hashes outside int64: count them the slow way
         unique = len(set(itertools.chain.from_iterable(r.prefix_hashes for r in requests)))
     return {
