@@ -24,7 +24,7 @@ from kvpolicy.sim._config import (
 from kvpolicy.sim._engine import Engine, RunRecord
 from kvpolicy.sim._errors import ConfigError, SimError
 from kvpolicy.sim._metrics import Summary, TenantSummary, summarize
-from kvpolicy.sim._presets import STACK_PRESETS, get_stack
+from kvpolicy.sim._presets import STACK_PRESETS, available_parts, get_stack
 from kvpolicy.sim._report import (
     comparison_table,
     plot_latency_cdf,
@@ -68,6 +68,7 @@ __all__ = [
     "TimingModel",
     "__version__",
     "apply_params",
+    "available_parts",
     "build_stack",
     "comparison_table",
     "eviction_names",

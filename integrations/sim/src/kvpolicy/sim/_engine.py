@@ -662,7 +662,8 @@ class _Run:
         self.pool.free(s.rid)
         if self.evicting:
             assert self.e._eviction is not None
-            self.e._eviction.remove(s.rid)
+            if s.inserted:  # a stream the policy never saw needs no removal
+                self.e._eviction.remove(s.rid)
             self.resident_total -= len(s.positions)
             self.pending -= s.written - s.inserted
         self.done += 1

@@ -8,41 +8,12 @@ from __future__ import annotations
 
 import pathlib
 
-import attrs
 import click
 from rich.console import Console
 
 from kvpolicy.kvmodel import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
-from kvpolicy.sim._config import StackConfig
 
 __all__ = ["demo"]
-
-
-def _kvpolicy_stack(console: Console) -> StackConfig:
-    """The kvpolicy stack, keeping each part whose package provides it."""
-    from kvpolicy.sim import (
-        STACK_PRESETS,
-        AdmissionConfig,
-        ConfigError,
-        EvictionConfig,
-        PreemptionConfig,
-        build_stack,
-    )
-
-    cfg = STACK_PRESETS["kvpolicy"]
-    base = STACK_PRESETS["vllm"]
-    trials = {
-        "admission": (attrs.evolve(base, admission=cfg.admission), AdmissionConfig()),
-        "eviction": (attrs.evolve(base, eviction=cfg.eviction), EvictionConfig()),
-        "preemption": (attrs.evolve(base, preemption=cfg.preemption), PreemptionConfig()),
-    }
-    for part, (trial, default) in trials.items():
-        try:
-            build_stack(trial)
-        except ConfigError as exc:
-            console.print(f"[yellow]kvpolicy stack without its {part} policy:[/] {exc}")
-            cfg = attrs.evolve(cfg, **{part: default})  # type: ignore[arg-type]
-    return cfg
 
 
 @click.command()
@@ -59,7 +30,13 @@ def _kvpolicy_stack(console: Console) -> StackConfig:
 )
 def demo(model: str, gpu: str, num_requests: int, seed: int, report: pathlib.Path) -> None:
     """A vLLM-like stack against the kvpolicy stack on the multi-tenant workload."""
-    from kvpolicy.sim import STACK_PRESETS, comparison_table, simulate, write_report
+    from kvpolicy.sim import (
+        STACK_PRESETS,
+        available_parts,
+        comparison_table,
+        simulate,
+        write_report,
+    )
     from kvpolicy.sim.cli._sim import progress_bar
     from kvpolicy.sim.workloads import get_workload
 
@@ -69,7 +46,10 @@ def demo(model: str, gpu: str, num_requests: int, seed: int, report: pathlib.Pat
         w = get_workload("multi-tenant", seed=seed, num_requests=num_requests)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    stacks = [STACK_PRESETS["vllm"], _kvpolicy_stack(console)]
+    kvp, notes = available_parts(STACK_PRESETS["kvpolicy"])
+    for note in notes:
+        console.print(f"[yellow]kvpolicy stack {note}[/]")
+    stacks = [STACK_PRESETS["vllm"], kvp]
     results = []
     for cfg in stacks:
         with progress_bar(console, f"{cfg.name:9s}") as update:

@@ -1,0 +1,90 @@
+"""Speed of the kvpolicy simulator: the Azure conversation trace and per-request cost.
+
+Figures (seconds of ``simulate``, wall-clock and CPU, workload loading excluded):
+
+- ``azure_full_stack_s`` (and ``_cpu_s``): the 19,366-request Azure conversation trace (one hour) on
+  Llama-3-8B / H100-SXM with the kvpolicy stack (every part whose package is installed);
+  ``azure_baseline_s`` the vLLM-like stack in the same run, and their ratio.
+- ``cpu_us_per_request[n]``: CPU microseconds per simulated request of the kvpolicy stack
+  on ``n`` requests of the calibrated ``azure-conv-like`` synthetic workload,
+  n = 10^3 .. 10^5 (10^3 .. 10^4 with ``--quick``); ``flatness`` is the cost at the
+  largest n over the cost at the smallest (1.0 = perfectly flat).
+
+Run: ``python benchmarks/bench_sim.py [--quick] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from typing import Any
+
+from _harness import parse_args, write_result
+
+from kvpolicy.kvmodel import get_gpu, get_model
+from kvpolicy.sim import STACK_PRESETS, available_parts, simulate
+from kvpolicy.sim.workloads import get_workload, load_trace
+
+TRACE = (
+    pathlib.Path(__file__).resolve().parents[1]
+    / ".."
+    / "shared"
+    / "traces"
+    / "azure-llm-2023-conv"
+    / "AzureLLMInferenceTrace_conv.csv"
+)
+
+
+def _time(requests: Any, stack: Any) -> tuple[float, float, Any]:
+    """Wall and CPU seconds of one simulation (CPU time is what a shared machine gives us
+    reliably; wall time is what a user waits)."""
+    model, gpu = get_model("Llama-3-8B"), get_gpu("H100-SXM")
+    c0, t0 = time.process_time(), time.perf_counter()
+    result = simulate(requests, model, gpu, stack)
+    return time.perf_counter() - t0, time.process_time() - c0, result
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    full, notes = available_parts(STACK_PRESETS["kvpolicy"])
+    figures: dict[str, Any] = {
+        "stack": {
+            "admission": full.admission.name,
+            "eviction": full.eviction.name,
+            "preemption": full.preemption.name,
+        },
+        "stack_notes": notes,
+    }
+    if TRACE.is_file():
+        trace = load_trace(TRACE)
+        base_s, base_cpu, _ = _time(trace.requests, STACK_PRESETS["vllm"])
+        full_s, full_cpu, res = _time(trace.requests, full)
+        figures.update(
+            azure_requests=len(trace.requests),
+            azure_baseline_s=round(base_s, 3),
+            azure_baseline_cpu_s=round(base_cpu, 3),
+            azure_full_stack_s=round(full_s, 3),
+            azure_full_stack_cpu_s=round(full_cpu, 3),
+            azure_full_over_baseline=round(full_cpu / base_cpu, 3),
+            azure_completed=res.summary.completed,
+        )
+        print(
+            f"azure: baseline {base_s:.1f} s ({base_cpu:.1f} s CPU), "
+            f"full stack {full_s:.1f} s ({full_cpu:.1f} s CPU)"
+        )
+    else:
+        figures["azure_skipped"] = f"trace not found at {TRACE}"
+    sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
+    per_request: dict[str, float] = {}
+    for n in sizes:
+        w = get_workload("azure-conv-like", seed=0, num_requests=n)
+        secs, cpu, _ = _time(w.requests, full)
+        per_request[str(n)] = round(1e6 * cpu / n, 2)
+        print(f"{n:>7,} requests: {secs:.1f} s ({cpu:.1f} s CPU), {1e6 * cpu / n:.0f} us CPU each")
+    figures["cpu_us_per_request"] = per_request
+    figures["flatness"] = round(per_request[str(sizes[-1])] / per_request[str(sizes[0])], 3)
+    write_result("sim", figures, args.out)
+
+
+if __name__ == "__main__":
+    main()

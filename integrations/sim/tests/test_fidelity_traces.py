@@ -1,0 +1,73 @@
+"""Seed 000 Table 1 on the Azure conversation trace at high load (reads ../shared/traces).
+
+Finding: the shape "peak memory FIFO > LRU > H2O >= Token-PD at equal budgets" does not
+hold here. Each policy is given the same hard budget and, at high load, every one of them
+fills it: peak resident memory equals the budget for all four. Table 1's peak-memory gaps
+need policies that stop short of their budget; FIFO, LRU and H2O evict only when over it,
+and Token-PD's dual price rises until demand meets the budget (eq. 5 of seed 000), so it
+settles at the budget too. What separates the policies at equal memory is what they keep:
+the share of the synthetic attention mass on resident tokens ranks Token-PD >= H2O > FIFO,
+LRU. LRU ranks last because every resident token receives some attention at each step in
+the synthetic model, so "least recently used" degenerates to "oldest by insertion round".
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from kvpolicy.kvmodel import get_gpu, get_model
+from kvpolicy.sim import simulate, stack_from_dict
+
+TRACE = (
+    pathlib.Path(__file__).resolve().parents[3]
+    / ".."
+    / "shared"
+    / "traces"
+    / "azure-llm-2023-conv"
+    / "AzureLLMInferenceTrace_conv.csv"
+)
+
+pytestmark = [pytest.mark.traces, pytest.mark.slow]
+
+_POLICIES = {"fifo": {}, "lru": {}, "h2o": {"recent_window": 64}, "token-pd": {}}
+
+
+@pytest.fixture(scope="module")
+def table() -> dict[str, tuple[int, float, int]]:
+    """(peak resident tokens, attention recall, budget) per policy."""
+    if not TRACE.is_file():
+        pytest.skip(f"Azure conversation trace not found at {TRACE}")
+    pytest.importorskip("kvpolicy.evict", reason="kvpolicy-evict is not installed")
+    from kvpolicy.sim.workloads import load_trace
+
+    w = load_trace(TRACE, limit=400, rate=40.0)
+    out = {}
+    for name, params in _POLICIES.items():
+        cfg = stack_from_dict(
+            {
+                "name": name,
+                "eviction": {"name": name, "params": params, "budget_fraction": 0.3},
+                "preemption": {"name": "least-progressed-first"},
+            }
+        )
+        r = simulate(w.requests, get_model("Llama-3-8B"), get_gpu("H100-SXM"), cfg)
+        budget = r.record.eviction_budget
+        assert budget is not None
+        out[name] = (r.summary.peak_resident_tokens, r.summary.attention_recall, budget)
+    return out
+
+
+class TestSeed000Table1:
+    def test_every_policy_fills_the_budget(self, table: dict[str, tuple[int, float, int]]) -> None:
+        """At equal budgets the peak resident memory is the budget for every policy."""
+        for peak, _, budget in table.values():
+            assert peak == budget
+
+    def test_attention_kept_ranks_the_policies(
+        self, table: dict[str, tuple[int, float, int]]
+    ) -> None:
+        """Token-PD keeps at least H2O's attention mass, and both beat FIFO and LRU."""
+        recall = {k: v[1] for k, v in table.items()}
+        assert recall["token-pd"] >= recall["h2o"] > recall["fifo"] > recall["lru"]
