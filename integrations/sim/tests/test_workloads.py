@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import attrs
@@ -320,6 +321,20 @@ class TestLengths:
         with pytest.raises(ValueError, match="must not be empty"):
             EmpiricalLengths((), ())
 
+    def test_from_workload(self) -> None:
+        """Empirical and lognormal lengths can be taken from a workload's requests."""
+        w = Workload(
+            name="w",
+            requests=(make_request(0, 0.0, 10, 2), make_request(1, 1.0, 40, 8)),
+            source="s",
+        )
+        assert EmpiricalLengths.from_workload(w) == EmpiricalLengths((10, 40), (2, 8))
+        fit = LogNormalLengths.from_workload(w)
+        assert fit.prompt_mu == pytest.approx(math.log(20.0))
+        assert fit.correlation == pytest.approx(1.0)
+        with pytest.raises(ValueError, match="no requests to resample: 'w'"):
+            EmpiricalLengths.from_workload(make_workload([]))
+
     def test_pmf_draws_from_support(self) -> None:
         """PMFLengths draws only values with positive probability, normalising weights."""
         dist = PMFLengths(((5, 6, 7), (2.0, 0.0, 2.0)), ((1,), (0.3,)))
@@ -398,6 +413,30 @@ class TestGenerate:
         assert set(w.tenants) == {"a", "b"}
         assert [r.tenant for r in w.requests[:20]] != ["a"] * 20
 
+    @settings(max_examples=25, deadline=None)
+    @given(
+        shares=st.lists(st.floats(0.01, 1.0), min_size=1, max_size=5),
+        cvs=st.lists(st.one_of(st.none(), st.floats(0.2, 6.0)), min_size=5, max_size=5),
+        n=st.integers(1, 300),
+        seed=st.integers(0, 10_000),
+    )
+    def test_any_config_gives_a_valid_workload(
+        self, shares: list[float], cvs: list[float | None], n: int, seed: int
+    ) -> None:
+        """Any tenants give exactly n sorted requests with their tenants' priorities."""
+        total = math.fsum(shares)
+        classes = list(SERVICE_CLASSES)
+        tenants = tuple(
+            TenantSpec(f"t{i}", s / total, service_class=classes[i], cv=cvs[i])
+            for i, s in enumerate(shares)
+        )
+        config = SyntheticConfig(num_requests=n, arrivals=Poisson(3.0), tenants=tenants)
+        w = generate(config, seed=seed)
+        assert w.num_requests == n
+        assert (np.diff(w.arrival_times()) >= 0).all()
+        by_name = {t.name: t.request_priority for t in tenants}
+        assert all(r.priority == by_name[r.tenant] for r in w.requests)
+
     def test_explicit_priority_overrides_class(self) -> None:
         """A tenant's explicit priority wins over its service class's."""
         assert TenantSpec("x", service_class="spot", priority=9).request_priority == 9
@@ -448,6 +487,12 @@ class TestPresets:
         assert w.num_requests == 300
         assert w.name == name
         assert w.source == f"synthetic:{name}"
+
+    @pytest.mark.parametrize("name", WORKLOAD_NAMES)
+    def test_describe_is_json(self, name: str) -> None:
+        """describe() of every preset is plain JSON."""
+        d = describe(get_workload(name, num_requests=50))
+        assert json.loads(json.dumps(d)) == d
 
     def test_names(self) -> None:
         """The names are sorted and include the embedded default."""

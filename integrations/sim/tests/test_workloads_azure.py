@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import pickle
 
 import pytest
 
@@ -82,6 +83,14 @@ class TestLoadAzure:
         path = write_csv(tmp_path, "2023-11-16 18:15:46,1,1", row)
         with pytest.raises(TraceFormatError, match="line 3"):
             load_trace(path, "azure")
+
+    def test_error_survives_pickling(self, tmp_path: pathlib.Path) -> None:
+        """TraceFormatError keeps path, line and reason through pickle (process pools)."""
+        err = TraceFormatError(tmp_path / "t.csv", 7, "bad")
+        back = pickle.loads(pickle.dumps(err))
+        assert (back.path, back.line, back.reason, str(back)) == (
+            str(tmp_path / "t.csv"), 7, "bad", f"{tmp_path / 't.csv'}, line 7: bad",
+        )  # fmt: skip
 
     def test_skip_bad_counts(self, tmp_path: pathlib.Path) -> None:
         """With skip_bad the bad rows are left out and counted, never silently."""

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 from attrs import field, frozen
 from attrs.validators import ge, instance_of, le
+
+if TYPE_CHECKING:
+    from kvpolicy.sim.workloads._workload import Workload
 
 __all__ = [
     "EmpiricalLengths",
@@ -139,6 +142,13 @@ class LogNormalLengths:
             max_decode_len=int(d.max()),
         )
 
+    @classmethod
+    def from_workload(cls, workload: Workload) -> LogNormalLengths:
+        """:meth:`fit` to the lengths of a workload (a loaded trace, say)."""
+        return cls.fit(
+            [r.prompt_len for r in workload.requests], [r.decode_len for r in workload.requests]
+        )
+
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """(n, 2) int64 lengths."""
         z = rng.standard_normal((_count(n), 2))
@@ -199,6 +209,19 @@ class EmpiricalLengths:
         validator=_check_pairs,
     )
     """(n,) observed output lengths, >= 1, paired with ``prompt_lens``."""
+
+    @classmethod
+    def from_workload(cls, workload: Workload) -> EmpiricalLengths:
+        """The observed pairs of a workload (a loaded trace, say).
+
+        Raises:
+            ValueError: the workload is empty.
+        """
+        if not workload.requests:
+            raise ValueError(f"'workload' has no requests to resample: {workload.name!r}")
+        return cls(
+            [r.prompt_len for r in workload.requests], [r.decode_len for r in workload.requests]
+        )
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """(n, 2) int64 pairs drawn with replacement."""
