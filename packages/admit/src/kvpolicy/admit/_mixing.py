@@ -121,6 +121,7 @@ def plan_routing(
     gpus: int,
     *,
     margin: float = 0.0,
+    home: Sequence[int] | None = None,
     steps: Sequence[float] = (0.05, 0.1, 0.2, 0.3, 0.5),
 ) -> RoutingPlan:
     """Route classes (or fractions of them) to ``gpus`` GPUs so that each GPU's mix is stable.
@@ -129,6 +130,8 @@ def plan_routing(
         classes: the request classes with their traffic shares (summing to 1).
         gpus: number of GPUs.
         margin: required spectral gap, ``spectral_radius < 1 - margin``.
+        home: the specialised plan to start from, one GPU index per class (default:
+            classes sorted by decode length in contiguous groups of equal memory load).
         steps: fractions of a donor class's traffic tried, smallest first.
 
     Returns:
@@ -154,13 +157,21 @@ def plan_routing(
         traffic = [row[i] * classes[i].share for i in range(len(classes))]
         return mix_verdict(classes, traffic, margin=margin)
 
-    home = _segregate(classes, gpus)
-    segregated = tuple(verdict(row) for row in home)
+    if home is None:
+        start = _segregate(classes, gpus)
+    else:
+        if len(home) != len(classes):
+            raise ValueError(f"'home' must give one GPU per class ({len(classes)}): {home!r}")
+        if any(isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < gpus for g in home):
+            raise ValueError(f"'home' must hold GPU indices in [0, {gpus}): {home!r}")
+        start = [[1.0 if home[i] == g else 0.0 for i in range(len(classes))] for g in range(gpus)]
+    home_plan = start
+    segregated = tuple(verdict(row) for row in home_plan if any(row))
     mixed = mix_verdict(classes, [c.share for c in classes], margin=margin)
-    plan = [row[:] for row in home]
-    current = list(segregated)
+    plan = [row[:] for row in home_plan]
+    current = [verdict(row) if any(row) else mixed for row in plan]
     for g in range(gpus):
-        if current[g].stable:
+        if not any(plan[g]) or current[g].stable:
             continue
         own = [classes[i].decode_len for i in current[g].classes]
         candidates = sorted(
@@ -200,7 +211,7 @@ def plan_routing(
             current = [verdict(row) for row in plan]
             break
     moved = math.fsum(
-        classes[i].share * max(0.0, home[g][i] - plan[g][i])
+        classes[i].share * max(0.0, home_plan[g][i] - plan[g][i])
         for g in range(gpus)
         for i in range(len(classes))
     )
