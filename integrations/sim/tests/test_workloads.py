@@ -107,6 +107,18 @@ class TestWorkload:
         with pytest.raises(ValueError, match="name"):
             Workload(name="", requests=(), source="x")
 
+    def test_tenant_specs_must_cover_every_tenant(self) -> None:
+        """Given tenant specs must name every request's tenant, once each."""
+        reqs = (make_request(0, 0.0, tenant="a"), make_request(1, 1.0, tenant="b"))
+        with pytest.raises(ValueError, match=r"requests\[1\] has tenant 'b'"):
+            Workload(name="w", requests=reqs, source="x", tenant_specs=(TenantSpec("a"),))
+        with pytest.raises(ValueError, match="'a' repeats"):
+            Workload(
+                name="w", requests=(), source="x", tenant_specs=(TenantSpec("a"), TenantSpec("a"))
+            )
+        with pytest.raises(TypeError, match=r"'tenant_specs\[0\]' must be a TenantSpec"):
+            Workload(name="w", requests=(), source="x", tenant_specs=("a",))  # type: ignore[arg-type]
+
     def test_head(self) -> None:
         """head keeps the first n requests, and the whole workload when n is larger."""
         w = make_workload([0.0, 1.0, 2.0])
@@ -157,7 +169,7 @@ class TestDescribe:
         assert d["decode_tokens"]["total"] == 9
         assert d["tenants"]["a"] == {
             "requests": 2, "share": 2 / 3, "priorities": [2],
-            "prompt_tokens_mean": 20.0, "decode_tokens_mean": 3.0,
+            "prompt_tokens_mean": 20.0, "decode_tokens_mean": 3.0, "service_class": None,
         }  # fmt: skip
         assert d["prefix"]["block_references"] == 0
 
@@ -520,6 +532,16 @@ class TestPresets:
         assert w.num_requests == 2000
         assert w.tenants == ("agents", "batch", "chat", "copilot", "long-tail")
         assert len({r.priority for r in w.requests}) == 4
+
+    def test_generated_workload_carries_its_tenant_specs(self) -> None:
+        """A generated workload keeps its tenants' specs; describe shows their classes."""
+        w = get_workload("multi-tenant", num_requests=400)
+        assert w.tenant_specs == workload_config("multi-tenant").tenants
+        classes = {n: t["service_class"] for n, t in describe(w)["tenants"].items()}
+        assert classes == {
+            "agents": "elastic", "batch": "preemptible", "chat": "guaranteed",
+            "copilot": "dedicated", "long-tail": "spot",
+        }  # fmt: skip
 
     def test_multi_tenant_rate_is_azure(self) -> None:
         """The tenants' rates add up to the Azure conversation trace's 5.53 req/s."""

@@ -77,6 +77,9 @@ class TestLoadServeGen:
         assert {r.prompt_len for r in w.requests} == {10, 20}
         assert {r.decode_len for r in w.requests} == {3}
         assert w.requests[0].request_id.startswith("c")
+        specs = {t.name: (t.service_class, t.request_priority) for t in w.tenant_specs}
+        assert specs == {"client-0": ("elastic", 0), "client-3": ("elastic", 0)}
+        assert sum(t.share for t in w.tenant_specs) == pytest.approx(1.0)
         assert all(0.0 <= r.arrival_time < 3600.0 for r in w.requests)
 
     def test_gamma_cv_per_window(self, tmp_path: pathlib.Path) -> None:

@@ -23,12 +23,8 @@ from kvpolicy.sim.workloads._mooncake import expand_block_hashes
 from kvpolicy.sim.workloads._prefix import PrefixSharing
 from kvpolicy.sim.workloads._presets import WORKLOAD_NAMES, get_workload, workload_config
 from kvpolicy.sim.workloads._servegen import ServeGenClient, servegen_client_stats
-from kvpolicy.sim.workloads._synthetic import (
-    SERVICE_CLASSES,
-    SyntheticConfig,
-    TenantSpec,
-    generate,
-)
+from kvpolicy.sim.workloads._synthetic import SyntheticConfig, generate
+from kvpolicy.sim.workloads._tenants import SERVICE_CLASSES, TenantSpec
 from kvpolicy.sim.workloads._workload import Workload, describe
 
 __all__ = [

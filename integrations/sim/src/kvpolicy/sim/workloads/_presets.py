@@ -42,7 +42,8 @@ from kvpolicy.sim.workloads._calibration import (
     SHAREGPT_MEAN_PROMPT,
 )
 from kvpolicy.sim.workloads._lengthdist import FixedLengths
-from kvpolicy.sim.workloads._synthetic import SyntheticConfig, TenantSpec, generate
+from kvpolicy.sim.workloads._synthetic import SyntheticConfig, generate
+from kvpolicy.sim.workloads._tenants import TenantSpec
 from kvpolicy.sim.workloads._workload import Workload
 
 __all__ = ["WORKLOAD_NAMES", "get_workload", "workload_config"]

@@ -22,7 +22,8 @@ requests:
   fallback is recorded in the workload's ``notes``. ``reason_ratio`` is not used: output
   lengths already count the reasoning tokens.
 
-Tenants are named ``client-<i>``; ServeGen has no service classes, so every priority is 0.
+Tenants are named ``client-<i>``; ServeGen has no service classes, so every priority is 0
+and ``Workload.tenant_specs`` lists each client as ``elastic`` with its share of requests.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from kvpolicy.kvmodel import Request
 from kvpolicy.sim.workloads._calibration import AZURE_CONV_LENGTHS
 from kvpolicy.sim.workloads._common import RowLog, check_limit, check_path
 from kvpolicy.sim.workloads._errors import TraceFormatError
+from kvpolicy.sim.workloads._tenants import TenantSpec
 from kvpolicy.sim.workloads._workload import Workload, _positive_rate
 
 __all__ = [
@@ -368,8 +370,20 @@ def load_servegen(
         notes.append(f"{log.skipped} malformed window rows skipped (treated as idle)")
     if clamped:
         notes.append(f"{clamped} requests drew a zero length, raised to 1 token")
+    # ServeGen has no service classes: every client is elastic with priority 0, and its
+    # share is its share of this workload's requests.
+    specs = tuple(
+        TenantSpec(
+            name=f"client-{c}",
+            share=counters[c] / len(requests),
+            service_class="elastic",
+            priority=0,
+        )
+        for c in sorted(counters)
+    )
     return Workload(
         name=p.name if p.is_dir() else p.stem,
+        tenant_specs=specs,
         requests=tuple(requests),
         source=os.fspath(p),
         skipped_rows=log.skipped,

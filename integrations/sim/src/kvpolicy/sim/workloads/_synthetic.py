@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -22,74 +21,15 @@ from kvpolicy.sim.workloads._arrivals import ArrivalProcess, GammaArrivals, Satu
 from kvpolicy.sim.workloads._calibration import AZURE_CONV_ARRIVALS, AZURE_CONV_LENGTHS
 from kvpolicy.sim.workloads._lengthdist import LengthDistribution
 from kvpolicy.sim.workloads._prefix import PrefixSharing, assign_prefix_hashes
+from kvpolicy.sim.workloads._tenants import TenantSpec, is_lengths
 from kvpolicy.sim.workloads._workload import Workload
 
-__all__ = ["SERVICE_CLASSES", "SyntheticConfig", "TenantSpec", "generate"]
-
-SERVICE_CLASSES: MappingProxyType[str, int] = MappingProxyType(
-    {"dedicated": 3, "guaranteed": 3, "elastic": 2, "spot": 1, "preemptible": 0}
-)
-"""Seed 004's five service classes and the ``Request.priority`` each maps to.
-
-The order is seed 004's protection order (Table 1: weights 1000, 1000, 100, 1, 0.1):
-dedicated and guaranteed are never shrunk, elastic may be, spot is throttled first and
-preemptible may be evicted.
-"""
-
-
-def _check_class(_inst: object, _attr: object, value: str) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"'service_class' must be str: {value!r}")
-    if value not in SERVICE_CLASSES:
-        raise ValueError(f"'service_class' must be one of {', '.join(SERVICE_CLASSES)}: {value!r}")
-
-
-def _positive_finite(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"'{attr.name}' must be a number: {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"'{attr.name}' must be finite and > 0: {value!r}")
-
-
-def _optional_positive(inst: object, attr: attrs.Attribute[float], value: float | None) -> None:
-    if value is not None:
-        _positive_finite(inst, attr, value)
+__all__ = ["SyntheticConfig", "generate"]
 
 
 def _is_arrivals(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, ArrivalProcess):
         raise TypeError(f"'{attr.name}' must be an ArrivalProcess: {value!r}")
-
-
-def _is_lengths(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and not isinstance(value, LengthDistribution):
-        raise TypeError(f"'{attr.name}' must be a LengthDistribution: {value!r}")
-
-
-@frozen
-class TenantSpec:
-    """One tenant (client) of a synthetic workload."""
-
-    name: str = field(validator=[instance_of(str), min_len(1)])  # type: ignore[arg-type]
-    """Tenant name, copied to ``Request.tenant``."""
-    share: float = field(default=1.0, validator=_positive_finite)
-    """Fraction of the config's base rate this tenant is entitled to; shares sum to 1."""
-    service_class: str = field(default="elastic", validator=_check_class)
-    """Seed 004 service class (one of :data:`SERVICE_CLASSES`)."""
-    priority: int | None = field(default=None, validator=optional(instance_of(int)))
-    """``Request.priority``; ``None`` takes the service class's (:data:`SERVICE_CLASSES`)."""
-    rate_multiplier: float = field(default=1.0, validator=_positive_finite)
-    """Demand over entitlement: the tenant sends at ``share * rate_multiplier`` of the base
-    rate (2.0 models a noisy neighbour sending twice its share)."""
-    cv: float | None = field(default=None, validator=_optional_positive)
-    """Inter-arrival CV of this tenant's Gamma process; ``None`` keeps the config's process."""
-    lengths: LengthDistribution | None = field(default=None, validator=_is_lengths)
-    """This tenant's lengths; ``None`` uses the config's."""
-
-    @property
-    def request_priority(self) -> int:
-        """The priority its requests carry."""
-        return SERVICE_CLASSES[self.service_class] if self.priority is None else self.priority
 
 
 def _to_tenants(value: Iterable[TenantSpec]) -> tuple[TenantSpec, ...]:
@@ -126,7 +66,7 @@ class SyntheticConfig:
     """Requests to generate."""
     arrivals: ArrivalProcess = field(default=AZURE_CONV_ARRIVALS, validator=_is_arrivals)
     """The base arrival process; each tenant runs it scaled to its rate."""
-    lengths: LengthDistribution = field(default=AZURE_CONV_LENGTHS, validator=_is_lengths)
+    lengths: LengthDistribution = field(default=AZURE_CONV_LENGTHS, validator=is_lengths)
     """Lengths of tenants that set none."""
     tenants: tuple[TenantSpec, ...] = field(
         default=(TenantSpec("default"),), converter=_to_tenants, validator=_check_tenants
@@ -229,4 +169,9 @@ def generate(config: SyntheticConfig, seed: int = 0) -> Workload:
             )
         )
         counters[i] += 1
-    return Workload(name=config.name, requests=tuple(requests), source=f"synthetic:{config.name}")
+    return Workload(
+        name=config.name,
+        requests=tuple(requests),
+        source=f"synthetic:{config.name}",
+        tenant_specs=config.tenants,
+    )

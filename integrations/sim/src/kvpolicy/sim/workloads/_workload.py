@@ -14,6 +14,7 @@ from attrs import field, frozen
 from attrs.validators import deep_iterable, ge, instance_of, min_len
 
 from kvpolicy.kvmodel import Request
+from kvpolicy.sim.workloads._tenants import TenantSpec
 
 __all__ = ["Workload", "describe"]
 
@@ -26,6 +27,20 @@ def _to_requests(value: Iterable[Request]) -> tuple[Request, ...]:
 
 def _to_notes(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
+
+
+def _to_specs(value: Iterable[TenantSpec]) -> tuple[TenantSpec, ...]:
+    return tuple(value)
+
+
+def _check_specs(_inst: object, _attribute: object, value: tuple[TenantSpec, ...]) -> None:
+    names: set[str] = set()
+    for i, spec in enumerate(value):
+        if not isinstance(spec, TenantSpec):
+            raise TypeError(f"'tenant_specs[{i}]' must be a TenantSpec: {spec!r}")
+        if spec.name in names:
+            raise ValueError(f"'tenant_specs' must have unique names: {spec.name!r} repeats")
+        names.add(spec.name)
 
 
 def _check_requests(_inst: object, _attribute: object, value: tuple[Request, ...]) -> None:
@@ -67,6 +82,22 @@ class Workload:
         default=(), converter=_to_notes, validator=deep_iterable(instance_of(str))
     )
     """Decisions a loader or generator took that a reader of the results should know."""
+    tenant_specs: tuple[TenantSpec, ...] = field(
+        default=(), converter=_to_specs, validator=_check_specs
+    )
+    """What is known of the tenants (share, service class), e.g. to set a gateway's
+    entitlements: a generated workload's configured tenants, ServeGen's clients; empty for
+    traces without tenants. Every request's tenant has a spec when any is given."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.tenant_specs:
+            known = {t.name for t in self.tenant_specs}
+            for i, r in enumerate(self.requests):
+                if r.tenant not in known:
+                    raise ValueError(
+                        f"'tenant_specs' must describe every tenant: requests[{i}] has "
+                        f"tenant {r.tenant!r}"
+                    )
 
     @property
     def num_requests(self) -> int:
@@ -121,7 +152,7 @@ class Workload:
             raise ValueError(f"'num_requests' must be >= 0: {num_requests}")
         if num_requests >= len(self.requests):
             return self
-        return attrs.evolve(self, requests=self.requests[:num_requests])
+        return attrs.evolve(self, requests=self.requests[:num_requests])  # specs stay valid
 
     def with_rate(self, rate: float) -> Workload:
         """Stretch or compress time about the first arrival so that :attr:`mean_rate` is ``rate``.
@@ -196,7 +227,8 @@ def describe(workload: Workload) -> dict[str, Any]:
     and ``interarrival_cv`` (``None`` when undefined: fewer than two requests, or no time
     span), ``prompt_tokens`` and ``decode_tokens`` (each ``mean``, ``p50``, ``p90``, ``p99``,
     ``max``, ``total``), ``tenants`` (per tenant: ``requests``, ``share``, ``priorities``,
-    ``prompt_tokens_mean``, ``decode_tokens_mean``) and ``prefix`` (``requests_with_hashes``,
+    ``prompt_tokens_mean``, ``decode_tokens_mean``, and ``service_class`` from
+    :attr:`Workload.tenant_specs` or ``None``) and ``prefix`` (``requests_with_hashes``,
     ``block_references``, ``unique_blocks``, ``hit_ratio`` of an unbounded prefix cache).
 
     The inter-arrival CV is ``std / mean`` of the gaps between consecutive arrivals
@@ -217,6 +249,7 @@ def describe(workload: Workload) -> dict[str, Any]:
     by_tenant: dict[str, list[int]] = {}
     for i, r in enumerate(reqs):
         by_tenant.setdefault(r.tenant, []).append(i)
+    specs = {t.name: t for t in workload.tenant_specs}
     tenants: dict[str, dict[str, Any]] = {}
     for name in sorted(by_tenant):
         idx = np.asarray(by_tenant[name])
@@ -227,6 +260,7 @@ def describe(workload: Workload) -> dict[str, Any]:
             "priorities": sorted(priorities),
             "prompt_tokens_mean": float(prompt[idx].mean()),
             "decode_tokens_mean": float(decode[idx].mean()),
+            "service_class": specs[name].service_class if name in specs else None,
         }
     return {
         "name": workload.name,
