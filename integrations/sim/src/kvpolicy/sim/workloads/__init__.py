@@ -1,10 +1,25 @@
 """Workloads of the kvpolicy simulator: trace loaders and calibrated synthetic generators.
 
 A :class:`Workload` is a sorted tuple of :class:`kvpolicy.kvmodel.Request` objects with its
-provenance. Get one by name (:func:`get_workload`, the embedded default being
-``"multi-tenant"``), from a public trace file (:func:`load_trace`: Azure CSV, Mooncake JSONL,
-length-only CSV, ServeGen per-client series) or from a :class:`SyntheticConfig`
-(:func:`generate`). :func:`describe` summarises any of them for reports.
+provenance (``source``, ``skipped_rows``, ``clamped_rows``, ``notes``, ``tenant_specs``).
+Get one by name, from a trace file, or from a config::
+
+    from kvpolicy.sim.workloads import get_workload, load_trace, describe
+
+    w = get_workload("multi-tenant", seed=0)          # the embedded default, 2,000 requests
+    t = load_trace("../shared/traces/azure-llm-2023-conv/AzureLLMInferenceTrace_conv.csv")
+    hot = t.with_rate(20.0)                           # the same trace replayed at 20 req/s
+    describe(w)["tenants"]["chat"]["share"]           # JSON-ready summary for reports
+
+:func:`load_trace` reads the Azure LLM CSV, Mooncake JSONL (prefix hashes expanded to the
+simulator's block size), length-only CSVs (Poisson arrivals at a given rate) and ServeGen
+per-client series (one tenant per client); a malformed row raises :class:`TraceFormatError`
+naming the file and line, or is skipped and counted with ``skip_bad=True``.
+:func:`generate` draws a :class:`SyntheticConfig`: tenants (:class:`TenantSpec`, seed 004
+service classes) as independent :class:`GammaArrivals`/:class:`Poisson` processes, lengths
+from a :class:`LengthDistribution`, optional :class:`PrefixSharing`. The presets
+(:data:`WORKLOAD_NAMES`) are calibrated from the public traces; the constants and their
+provenance are tabulated in :mod:`kvpolicy.sim.workloads._calibration`.
 """
 
 from __future__ import annotations
