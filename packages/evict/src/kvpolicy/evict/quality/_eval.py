@@ -1,0 +1,139 @@
+"""Perplexity of eviction policies at several budgets: what ``kvpolicy evict eval`` runs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from attrs import field, frozen
+from attrs.validators import ge, gt, instance_of, le
+
+from kvpolicy.evict._registry import POLICY_NAMES
+from kvpolicy.evict.quality._decode import ReturnPredictorLike, decode_perplexity
+from kvpolicy.evict.quality._model import CausalLM
+from kvpolicy.kvmodel import EvictionPolicy
+
+__all__ = [
+    "FULL",
+    "POLICY_CHOICES",
+    "QualityResult",
+    "budget_tokens",
+    "evaluate",
+    "policy_factory",
+    "validate_budgets",
+]
+
+FULL = "full"
+"""Name of the no-eviction baseline (the full KV cache)."""
+
+POLICY_CHOICES: tuple[str, ...] = (FULL, *POLICY_NAMES)
+"""Names :func:`policy_factory` knows: the full cache and kvpolicy.evict's policies."""
+
+
+@frozen
+class QualityResult:
+    """Perplexity of one policy at one budget."""
+
+    policy: str = field(validator=instance_of(str))
+    """Policy name (``"full"`` for the full cache)."""
+    budget: float = field(converter=float, validator=[gt(0.0), le(1.0)])
+    """Budget as a fraction of the tokens fed (1.0 for the full cache)."""
+    budget_tokens: int = field(validator=[instance_of(int), ge(1)])
+    """Tokens each layer keeps."""
+    perplexity: float = field(converter=float)
+    """exp of the mean next-token NLL."""
+    mean_resident: float = field(converter=float)
+    """Mean tokens resident per layer after each step's eviction."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"policy", "budget", "budget_tokens", "perplexity", "mean_resident"}`` for JSON."""
+        return {
+            "policy": self.policy,
+            "budget": self.budget,
+            "budget_tokens": self.budget_tokens,
+            "perplexity": self.perplexity,
+            "mean_resident": self.mean_resident,
+        }
+
+
+def validate_budgets(budgets: Sequence[float]) -> tuple[float, ...]:
+    """Return ``budgets`` as floats, or raise ValueError naming the first outside (0, 1]."""
+    out = []
+    for b in budgets:
+        if isinstance(b, bool) or not isinstance(b, int | float):
+            raise TypeError(f"'budget' must be a number: {b!r}")
+        if not (math.isfinite(b) and 0 < b <= 1):
+            raise ValueError(f"'budget' must be in (0, 1]: {b!r}")
+        out.append(float(b))
+    if not out:
+        raise ValueError("'budget' must list at least one budget")
+    return tuple(out)
+
+
+def budget_tokens(budget: float, tokens: int) -> int:
+    """Tokens kept per layer: ``round(budget * tokens)``, at least 1 (0.25 of 512 -> 128)."""
+    return max(1, round(budget * tokens))
+
+
+def _bind(factory: Callable[[int], EvictionPolicy], budget: int) -> Callable[[], EvictionPolicy]:
+    return lambda: factory(budget)
+
+
+def policy_factory(name: str) -> Callable[[int], EvictionPolicy] | None:
+    """The factory :func:`evaluate` uses for a policy name (None for ``"full"``).
+
+    Settings per budget ``B`` tokens: H2O keeps a recent window of ``B // 2`` (the
+    heavy-hitter/recent split of the H2O paper), sink+window keeps 4 sinks (StreamingLLM),
+    Token-PD, FIFO and LRU take their defaults.
+
+    Raises:
+        ValueError: unknown name; the message lists :data:`POLICY_CHOICES`.
+    """
+    from kvpolicy.evict import make_policy
+
+    if name == FULL:
+        return None
+    if name not in POLICY_CHOICES:
+        raise ValueError(f"'policy' must be one of {', '.join(POLICY_CHOICES)}: {name!r}")
+    if name == "h2o":
+        return lambda budget: make_policy("h2o", recent_window=max(1, budget // 2))
+    return lambda _budget: make_policy(name)
+
+
+def evaluate(
+    lm: CausalLM,
+    input_ids: Any,
+    policies: Mapping[str, Callable[[int], EvictionPolicy] | None],
+    budgets: Sequence[float],
+    predictor: ReturnPredictorLike | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[QualityResult]:
+    """Perplexity of each policy at each budget on ``input_ids``.
+
+    Args:
+        lm: the model.
+        input_ids: (n,) int64 torch tensor.
+        policies: name -> factory of a fresh policy for a per-layer budget in tokens (called
+            once per layer); a None factory is the full cache, run once and reported at
+            budget 1.0.
+        budgets: fractions of ``n`` in (0, 1].
+        predictor: return predictor feeding ``signals`` to every policy.
+        progress: called with 1 after every decoded token.
+
+    Returns:
+        One result per (policy, budget), in the order given (the full cache once).
+    """
+    fractions = validate_budgets(budgets)
+    n = len(input_ids)
+    results = []
+    for name, factory in policies.items():
+        if factory is None:
+            r = decode_perplexity(lm, input_ids, None, n, progress=progress)
+            results.append(QualityResult(name, 1.0, n, r.perplexity, r.mean_resident))
+            continue
+        for b in fractions:
+            k = budget_tokens(b, n)
+            r = decode_perplexity(lm, input_ids, _bind(factory, k), k, predictor, progress=progress)
+            results.append(QualityResult(name, b, k, r.perplexity, r.mean_resident))
+    return results

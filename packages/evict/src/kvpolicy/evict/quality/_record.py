@@ -1,0 +1,98 @@
+"""Realised returns recorded from a model: the training targets of the return predictors.
+
+Seed 000 defines a token's return ``R`` as "the expected fraction of future query attention
+mass that will land on" it. On text decoded with the full cache this is measured directly:
+one forward pass over a window gives every layer's (H, n, n) attention, and
+
+    R_k = mean over q in (k, k + horizon], layers l, heads h of A[l, h, q, k]
+
+so ``R_k`` is in [0, 1], and a token that every later query ignores has ``R_k = 0``. Only
+tokens with a full horizon of later queries are recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from attrs import field, frozen
+from numpy.typing import NDArray
+
+from kvpolicy.evict.predictors import compact_features
+from kvpolicy.evict.quality._model import CausalLM
+
+__all__ = ["ReturnRecord", "record_returns", "window_attention"]
+
+
+@frozen
+class ReturnRecord:
+    """Per-token inputs of the predictors and realised returns, for m recorded tokens."""
+
+    logits: Any = field()
+    """(m, vocab_size) float16 torch tensor: next-token logits at each token's step."""
+    features: NDArray[np.float64] = field()
+    """(m, 4) float64 compact features (entropy, top_prob, position, arrival attention)."""
+    returns: NDArray[np.float64] = field()
+    """(m,) float64 realised returns in [0, 1]."""
+
+    def __attrs_post_init__(self) -> None:
+        m = len(self.returns)
+        if self.features.shape != (m, 4) or int(self.logits.shape[0]) != m:
+            raise ValueError(
+                f"'logits', 'features' and 'returns' disagree on the token count: "
+                f"{tuple(self.logits.shape)}, {self.features.shape}, {self.returns.shape}"
+            )
+
+
+def window_attention(lm: CausalLM, input_ids: Any) -> tuple[Any, Any]:
+    """Full-cache forward pass over one window.
+
+    Args:
+        lm: the model (eager attention).
+        input_ids: (n,) int64 torch tensor.
+
+    Returns:
+        ``(logits, attention)``: (n, vocab_size) float32 and (layers, heads, n, n) float32
+        torch tensors (attention[l, h, q, k]: weight of key k in query q).
+    """
+    import torch
+
+    ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1)
+    with torch.no_grad():
+        out = lm.model(input_ids=ids, use_cache=False, output_attentions=True)
+    attention = torch.stack([a[0] for a in out.attentions])
+    return out.logits[0].float(), attention.float()
+
+
+def record_returns(lm: CausalLM, input_ids: Any, horizon: int = 128) -> ReturnRecord:
+    """Record inputs and realised returns of the tokens of one window.
+
+    Args:
+        lm: the model (eager attention).
+        input_ids: (n,) int64 torch tensor, n > ``horizon``.
+        horizon: later queries averaged into each return.
+
+    Returns:
+        The ``n - horizon`` tokens that have a full horizon.
+    """
+    import torch
+
+    n = int(torch.as_tensor(input_ids).numel())
+    if not isinstance(horizon, int) or horizon < 1:
+        raise ValueError(f"'horizon' must be an int >= 1: {horizon!r}")
+    if n <= horizon:
+        raise ValueError(f"'input_ids' must be longer than 'horizon' = {horizon}: {n}")
+    logits, attention = window_attention(lm, input_ids)
+    mass = attention.mean(dim=(0, 1)).double().numpy()  # (n, n): query q, key k
+    m = n - horizon
+    # Row sums of the lower-left band: mass[k+1 : k+horizon+1, k] for each k < m.
+    cum = np.vstack([np.zeros((1, n)), np.cumsum(mass, axis=0)])
+    k = np.arange(m)
+    returns = (cum[k + horizon + 1, k] - cum[k + 1, k]) / horizon
+    arrival = np.diagonal(mass)[:m]
+    feats = compact_features(logits[:m].double().numpy(), k.astype(np.int64), arrival)
+    return ReturnRecord(
+        logits=logits[:m].half(),
+        features=feats,
+        returns=np.clip(returns, 0.0, 1.0),
+    )

@@ -1,0 +1,54 @@
+"""Texts for training and evaluation: real English that ships with Python or the machine.
+
+Training and evaluation never share text: the predictors are fitted on license texts
+from ``/usr/share/common-licenses`` (GPL-3 and the licenses that embed it excluded, as the
+quality claims are measured on GPL-3) and evaluated on ``pydoc_data.topics``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+__all__ = ["LICENSES_DIR", "TRAINING_LICENSES", "default_text", "gpl3_path", "training_texts"]
+
+LICENSES_DIR = pathlib.Path("/usr/share/common-licenses")
+"""Debian's directory of common license texts."""
+
+TRAINING_LICENSES = (
+    "Apache-2.0",
+    "Artistic",
+    "BSD",
+    "GFDL-1.3",
+    "GPL-2",
+    "LGPL-2.1",
+    "MPL-2.0",
+)
+"""License files the predictors are trained on (GPL-3 and LGPL-3 are held out)."""
+
+
+def default_text() -> str:
+    """The default evaluation text: Python's pydoc topics (``pydoc_data.topics``), in key order."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def gpl3_path() -> pathlib.Path:
+    """Path of the GPL-3 text (exists on Debian-based machines)."""
+    return LICENSES_DIR / "GPL-3"
+
+
+def training_texts() -> list[str]:
+    """The training license texts present on this machine.
+
+    Raises:
+        FileNotFoundError: none of :data:`TRAINING_LICENSES` is present.
+    """
+    texts = [
+        (LICENSES_DIR / name).read_text(errors="replace")
+        for name in TRAINING_LICENSES
+        if (LICENSES_DIR / name).is_file()
+    ]
+    if not texts:
+        raise FileNotFoundError(f"no training license text under {LICENSES_DIR}")
+    return texts
