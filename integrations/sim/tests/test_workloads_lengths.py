@@ -37,13 +37,13 @@ class TestLoadLengths:
 
     def test_poisson_arrivals_are_seeded(self, tmp_path: pathlib.Path) -> None:
         """Arrivals are Poisson at the rate given, the same for the same seed."""
-        path = write_csv(tmp_path, *(f"{i + 1},{i + 1},0,0" for i in range(20_000)))
+        path = write_csv(tmp_path, *(f"{i + 1},{i + 1},0,0" for i in range(6_000)))
         w = load_trace(path, rate=8.0, seed=3)
         assert w == load_trace(path, rate=8.0, seed=3)
         assert w != load_trace(path, rate=8.0, seed=4)
         gaps = np.diff(w.arrival_times())
-        assert 1.0 / gaps.mean() == pytest.approx(8.0, rel=0.03)
-        assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.03)
+        assert 1.0 / gaps.mean() == pytest.approx(8.0, rel=0.05)
+        assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)
 
     def test_rate_is_required(self, tmp_path: pathlib.Path) -> None:
         """Without a rate the lengths format refuses to guess one."""

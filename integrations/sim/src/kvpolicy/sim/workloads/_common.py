@@ -66,7 +66,6 @@ class RowLog:
     skip_bad: bool
     skipped: int = 0
     clamped: int = 0
-    unsorted: int = 0
 
     def bad(self, line: int, reason: str) -> None:
         """A malformed row: raise, or count it when skipping."""

@@ -138,6 +138,11 @@ def load_mooncake(
     """
     p = check_path(path)
     limit = check_limit(limit)
+    for name, value in (("block_size", block_size), ("trace_block_size", trace_block_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"'{name}' must be int: {value!r}")
+        if value < 1:
+            raise ValueError(f"'{name}' must be >= 1: {value}")
     log = RowLog(path=os.fspath(p), skip_bad=skip_bad)
     parsed: list[tuple[float, int, int, int, list[int]]] = []
     with p.open(encoding="utf-8") as f:
