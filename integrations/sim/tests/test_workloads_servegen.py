@@ -158,6 +158,17 @@ class TestLoadServeGen:
         with pytest.raises(TraceFormatError, match=r"chunk-0-dataset.json: window '0'"):
             load_trace(tmp_path)
 
+    def test_skip_bad_pmf_window_falls_back(self, tmp_path: pathlib.Path) -> None:
+        """With skip_bad a malformed length window is counted and treated as empty."""
+        dataset = {
+            "0": {"input_tokens": "{100: 1.0}", "output_tokens": "{1: 1.0}"},
+            "21600": {"input_tokens": "{1: x}", "output_tokens": "{1: 1.0}"},
+        }
+        write_client(tmp_path, 0, windows(0.01, 1.0, 2, length=21600), dataset)
+        w = load_trace(tmp_path, skip_bad=True)
+        assert w.skipped_rows == 1
+        assert {r.prompt_len for r in w.requests} == {100}
+
     def test_refuses_huge_unlimited_series(self, tmp_path: pathlib.Path) -> None:
         """A series of millions of requests needs a limit or a duration."""
         write_client(tmp_path, 0, windows(1000.0, 1.0, 144))

@@ -236,7 +236,10 @@ def _load_pmfs(
                     raise ValueError(f"window {key!r} lacks a {field_name!r} PMF string")
                 pmfs.append(parse_pmf(text))
         except ValueError as exc:
-            raise TraceFormatError(os.fspath(path), None, f"window {key!r}: {exc}") from None
+            if not log.skip_bad:
+                raise TraceFormatError(os.fspath(path), None, f"window {key!r}: {exc}") from None
+            log.skipped += 1  # the window counts as empty: its neighbours' PMFs are used
+            continue
         if all(v.size and p.sum() > 0 for v, p in pmfs):
             out[start] = (pmfs[0], pmfs[1])
     return dict(sorted(out.items()))
@@ -257,7 +260,8 @@ def load_servegen(
     Args:
         path: a ServeGen model directory (e.g. ``servegen-bailian/reason/deepseek-r1``) or one
             ``chunk-<i>-trace.csv``.
-        skip_bad: skip malformed window rows (as windows without traffic) and count them.
+        skip_bad: skip malformed rows and count them: a rate row is read as an idle window,
+            a window of a dataset file as an empty one.
         limit: keep the first ``limit`` requests (only the windows needed are drawn).
         rate: scale every client's rate so the mean aggregate rate over the selected time
             range is ``rate`` req/s; ``None`` keeps ServeGen's rates.
@@ -342,7 +346,7 @@ def load_servegen(
     if limit is not None:
         keep = keep[:limit]
     all_t, owner = all_t[keep], owner[keep]
-    lengths, notes = _draw_lengths(p, files, all_t, owner, rng)
+    lengths, notes = _draw_lengths(p, files, all_t, owner, rng, log)
     clamped = int(((lengths[:, 0] < 1) | (lengths[:, 1] < 1)).sum())
     lengths = np.maximum(lengths, 1)
     counters: dict[int, int] = defaultdict(int)
@@ -367,7 +371,10 @@ def load_servegen(
         + (f", rates scaled by {scale:.6g}" if scale != 1.0 else ""),
     )
     if log.skipped:
-        notes.append(f"{log.skipped} malformed window rows skipped (treated as idle)")
+        notes.append(
+            f"{log.skipped} malformed rows skipped (a rate row as an idle window, "
+            f"a length window as empty)"
+        )
     if clamped:
         notes.append(f"{clamped} requests drew a zero length, raised to 1 token")
     # ServeGen has no service classes: every client is elastic with priority 0, and its
@@ -398,12 +405,12 @@ def _draw_lengths(
     times: np.ndarray,
     owner: np.ndarray,
     rng: np.random.Generator,
+    log: RowLog,
 ) -> tuple[np.ndarray, list[str]]:
     """(n, 2) int64 lengths for requests at ``times`` (absolute s) of clients ``owner``."""
     n = times.size
     out = np.empty((n, 2), dtype=np.int64)
     notes: list[str] = []
-    log = RowLog(path=os.fspath(p), skip_bad=False)
     datasets = {
         c: f.with_name(f"chunk-{c}-dataset.json")
         for c, f in files.items()
