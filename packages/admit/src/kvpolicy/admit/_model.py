@@ -199,6 +199,8 @@ class _Engine:
         self.used = 0.0
         self.alive: NDArray[Any] = np.zeros(self.k, dtype=self.ring.dtype)
         self.rows = np.arange(self.k)
+        self.stage_index = np.arange(self.length)
+        self.l0_plus_1 = self.l0 + 1.0
 
     def stage_view(self) -> NDArray[np.float64]:
         """(K, L) mass by class and stage."""
@@ -222,21 +224,25 @@ class _Engine:
         return self.used - self.w.memory
 
     def evict_fluid(self) -> NDArray[Any]:
-        """Least-progressed-first, proportional within the partially evicted stage."""
+        """Least-progressed-first, proportional within the partially evicted stage.
+
+        Column ``c`` holds stage ``(head - c) mod L``, so its memory is
+        ``sum_k ring[k, c] (l0,k + 1) + stage(c) sum_k ring[k, c]`` (entries past a class's
+        decode length are always zero): one (K,) x (K, L) product, no state reordering.
+        """
         excess = self.overflow()
-        view = self.stage_view()
-        per_stage = np.sum(self.weights * view, axis=0)
+        order = (self.head - self.stage_index) % self.length  # columns, youngest first
+        cols = self.ring[:, order]
+        per_stage = self.l0_plus_1 @ cols + self.stage_index * cols.sum(axis=0)
         cum = np.cumsum(per_stage)
-        j = int(np.searchsorted(cum, excess * (1 - 1e-12)))
-        j = min(j, self.length - 1)
-        before = cum[j - 1] if j > 0 else 0.0
+        j = min(int(np.searchsorted(cum, excess * (1 - 1e-12))), self.length - 1)
+        before = float(cum[j - 1]) if j > 0 else 0.0
         fraction = min(1.0, (excess - before) / per_stage[j]) if per_stage[j] > 0 else 1.0
-        removed = view[:, :j].sum(axis=1) + fraction * view[:, j]
-        cols = (self.head - np.arange(j + 1)) % self.length
-        self.ring[:, cols[:j]] = 0.0
-        self.ring[:, cols[j]] = self.ring[:, cols[j]] * (1.0 - fraction)
+        removed = cols[:, :j].sum(axis=1) + fraction * cols[:, j]
+        self.ring[:, order[:j]] = 0.0
+        self.ring[:, order[j]] = cols[:, j] * (1.0 - fraction)
         self.alive = self.alive - removed
-        self.recount()
+        self.used -= before + fraction * float(per_stage[j])
         return np.asarray(removed, dtype=np.float64)
 
     def evict_integer(self) -> NDArray[np.int64]:
