@@ -18,6 +18,9 @@ long-context       arXiv-summarisation lengths (prompts about 2.6k tokens, short
                    Poisson arrivals offering Azure's prompt tokens/s
 saturated          one class of requests (1024 prompt, 128 output tokens: the Azure
                    trace's medians rounded) all arriving at time 0, seed 002's setting
+seed002-vidur      seed 002's Vidur experiment (its Table 3): 20,000 requests, Poisson
+                   arrivals at 300 req/s, prompt 512 tokens, outputs 100, 125, 200 or 250
+                   tokens (equally likely: the paper gives no proportions)
 =================  ===========================================================================
 """
 
@@ -41,7 +44,7 @@ from kvpolicy.sim.workloads._calibration import (
     SHAREGPT_LENGTHS,
     SHAREGPT_MEAN_PROMPT,
 )
-from kvpolicy.sim.workloads._lengthdist import FixedLengths
+from kvpolicy.sim.workloads._lengthdist import EmpiricalLengths, FixedLengths
 from kvpolicy.sim.workloads._synthetic import SyntheticConfig, generate
 from kvpolicy.sim.workloads._tenants import TenantSpec
 from kvpolicy.sim.workloads._workload import Workload
@@ -129,12 +132,22 @@ def _saturated() -> SyntheticConfig:
     )
 
 
+def _seed002_vidur() -> SyntheticConfig:
+    return SyntheticConfig(
+        name="seed002-vidur",
+        num_requests=20_000,
+        arrivals=Poisson(rate=300.0),
+        lengths=EmpiricalLengths((512, 512, 512, 512), (100, 125, 200, 250)),
+    )
+
+
 _PRESETS: dict[str, Callable[[], SyntheticConfig]] = {
     "azure-conv-like": _azure,
     "long-context": _long_context,
     "mooncake-like": _mooncake,
     "multi-tenant": _multi_tenant,
     "saturated": _saturated,
+    "seed002-vidur": _seed002_vidur,
     "sharegpt-like": _sharegpt,
 }
 
@@ -170,7 +183,8 @@ def get_workload(name: str, *, seed: int = 0, num_requests: int | None = None) -
     Args:
         name: one of :data:`WORKLOAD_NAMES`; ``"multi-tenant"`` is the embedded default.
         seed: random seed (>= 0); the same name, seed and size give the same workload.
-        num_requests: requests to draw (>= 1); ``None`` keeps the preset's 2,000.
+        num_requests: requests to draw (>= 1); ``None`` keeps the preset's (2,000; 20,000
+            for ``seed002-vidur``).
 
     Raises:
         ValueError: unknown ``name`` (the message lists the known names), bad ``seed`` or
