@@ -156,12 +156,14 @@ class LogNormalLengths:
         rho = self.correlation
         z2 = rho * z[:, 0] + math.sqrt(max(0.0, 1.0 - rho * rho)) * z[:, 1]
         out = np.empty((n, 2), dtype=np.int64)
-        out[:, 0] = np.clip(
-            np.rint(np.exp(self.prompt_mu + self.prompt_sigma * z[:, 0])), 1, self.max_prompt_len
-        )
-        out[:, 1] = np.clip(
-            np.rint(np.exp(self.decode_mu + self.decode_sigma * z2)), 1, self.max_decode_len
-        )
+        for col, mu, sigma, z_col, cap in (
+            (0, self.prompt_mu, self.prompt_sigma, z[:, 0], self.max_prompt_len),
+            (1, self.decode_mu, self.decode_sigma, z2, self.max_decode_len),
+        ):
+            # Cap the exponent first: past ln(cap) the value is clipped anyway, and exp of a
+            # huge exponent would overflow to inf.
+            log_len = np.minimum(mu + sigma * z_col, math.log(cap) + 1.0)
+            out[:, col] = np.clip(np.rint(np.exp(log_len)), 1, cap)
         return out
 
 
