@@ -175,6 +175,22 @@ class TestOpenArrivals:
         assert abs(r.queue_growth) < 0.01
 
 
+class TestFastPath:
+    """Saturated fluid runs use scalar cohorts; they must match the general (K, L) path."""
+
+    @pytest.mark.parametrize("policy", ["greedy", "rate-limited"])
+    def test_cohort_path_matches_general_path(self, policy: str) -> None:
+        """Same series to 1e-9 relative for a three-class workload over 1500 iterations."""
+        w = Workload((20, 35, 8), (19, 23, 40), 3000, (0.3, 0.5, 0.2))
+        fast = simulate(w, steps=1500, policy=policy)  # type: ignore[arg-type]
+        general = simulate(w, steps=1500, policy=policy, record_stages=True)  # type: ignore[arg-type]
+        assert fast.stages is None
+        for name in ("memory", "admitted", "evicted", "completed"):
+            np.testing.assert_allclose(
+                getattr(fast, name), getattr(general, name), rtol=1e-9, atol=1e-9 * 3000
+            )
+
+
 class TestTraceReplay:
     """Replay of a request list."""
 

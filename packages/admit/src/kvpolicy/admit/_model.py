@@ -349,6 +349,10 @@ def simulate(
         engine.alive = engine.ring.sum(axis=1)
         engine.recount()
     rng = np.random.default_rng(seed)
+    saturated = isinstance(arrivals, SaturatedArrivals)
+    if not integer and saturated and initial is None and not record_stages:
+        cap = eviction_free_rate(workload) if policy == "rate-limited" else math.inf
+        return _saturated_fluid(workload, steps, cap, str(policy))
     if integer:
         return _IntegerRun(engine, workload, arrivals, policy, rng).run(steps, record_stages)
     return _FluidRun(engine, workload, arrivals, policy, rng).run(steps, record_stages)
@@ -419,6 +423,89 @@ class _FluidRun:
             queue=out[4],
             stages=stages,
         )
+
+
+def _saturated_fluid(workload: Workload, steps: int, cap: float, name: str) -> SimulationResult:
+    """Saturated fluid model with scalar cohorts, in plain Python floats.
+
+    Under saturated input every cohort enters with the class mix ``p`` and LPF splits a
+    stage in proportion to its classes, so a cohort keeps composition ``p`` for life: the
+    state is one mass ``a_t`` per admission step ``t``. At stage ``j`` a unit cohort holds
+    ``c_j = sum_{k: l1,k > j} p_k (l0,k + 1 + j)`` tokens (the coefficients of eq. 10) and
+    ``s_j = sum_{k: l1,k > j} p_k`` live requests. Executing a step releases
+    ``p_k (l0,k + l1,k) a_{n - l1,k}`` for each class and grows every survivor by one token;
+    eviction walks the cohorts youngest first. An iteration is ``O(K)`` float operations
+    plus the walk over the stages it evicts from, with no numpy call at all.
+    """
+    length = workload.max_decode_len
+    mix = list(workload.mix)
+    l0 = list(workload.input_lens)
+    l1 = list(workload.decode_lens)
+    k_range = range(workload.num_classes)
+    c = [sum(mix[k] * (l0[k] + 1 + j) for k in k_range if l1[k] > j) for j in range(length + 1)]
+    s = [sum(mix[k] for k in k_range if l1[k] > j) for j in range(length + 1)]
+    release = [mix[k] * (l0[k] + l1[k]) for k in k_range]
+    memory = float(workload.memory)
+    tolerance = 1e-12 * memory
+    ring = [0.0] * length
+    used = 0.0
+    alive = 0.0
+    out_mem = [0.0] * steps
+    out_adm = [0.0] * steps
+    out_ev = [0.0] * steps
+    out_done = [0.0] * steps
+    c0 = c[0]
+    for n in range(steps):
+        done = 0.0
+        freed = 0.0
+        for k in k_range:
+            mass = ring[(n - l1[k]) % length]
+            if mass:
+                done += mix[k] * mass
+                freed += release[k] * mass
+        alive -= done
+        used += alive - freed
+        evicted = 0.0
+        if used > memory + tolerance:
+            excess = used - memory
+            for j in range(1, length):
+                idx = (n - j) % length
+                mass = ring[idx]
+                if not mass:
+                    continue
+                held = mass * c[j]
+                if held <= excess:
+                    ring[idx] = 0.0
+                    excess -= held
+                    evicted += mass * s[j]
+                else:
+                    part = mass * excess / held
+                    ring[idx] = mass - part
+                    evicted += part * s[j]
+                    excess = 0.0
+                if excess <= tolerance:
+                    break
+            alive -= evicted
+            used = memory + excess
+        admitted = min(max(memory - used, 0.0) / c0, cap)
+        ring[n % length] = admitted
+        alive += admitted
+        used += admitted * c0
+        out_mem[n] = used
+        out_adm[n] = admitted
+        out_ev[n] = evicted
+        out_done[n] = done
+    return SimulationResult(
+        workload=workload,
+        mode="fluid",
+        policy=name,
+        memory=np.asarray(out_mem),
+        admitted=np.asarray(out_adm),
+        evicted=np.asarray(out_ev),
+        completed=np.asarray(out_done),
+        queue=np.zeros(steps),
+        stages=None,
+    )
 
 
 def _trace_into(arrivals: TraceArrivals, n: int, pos: int, queue: NDArray[np.float64]) -> int:
