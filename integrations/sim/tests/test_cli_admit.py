@@ -94,6 +94,7 @@ class TestSimulate:
 
     def test_poisson_queue_growth_and_plot(self, tmp_path: pathlib.Path) -> None:
         """Figure 4 load 1.4 backlogs; --plot writes a PNG."""
+        pytest.importorskip("matplotlib", reason="--plot needs kvpolicy-admit[plot]")
         png = tmp_path / "memory.png"
         code, out = _invoke(
             "simulate",
