@@ -131,9 +131,14 @@ class TestBadInput:
         assert any_policy.resident_tokens() == 0
 
     def test_bad_stream_type(self, any_policy: ScoredPolicy) -> None:
-        """A stream id that is not a str raises TypeError."""
+        """A stream id that is not a str raises TypeError, in insert and insert_many."""
         with pytest.raises(TypeError, match="'stream' must be str: 7"):
             any_policy.insert(7, np.array([0]))  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"'streams' must hold str ids: \['x'\]"):
+            any_policy.insert_many(["a", ["x"]], np.array([0, 1]))  # type: ignore[list-item]
+        with pytest.raises(TypeError, match="'stream' must be str: 3"):
+            any_policy.insert_many(["a", 3], np.array([0, 1]))  # type: ignore[list-item]
+        assert any_policy.resident_tokens() == 0
 
     def test_observe_unknown_or_evicted(self, any_policy: ScoredPolicy) -> None:
         """Attention for an unknown stream or a non-resident position raises ValueError."""

@@ -350,7 +350,11 @@ class ScoredPolicy:
                 index[names] = one
             sid = np.full(n, one, dtype=np.int64)
         else:
-            sid_list = [index.get(name, -1) for name in names]
+            try:
+                sid_list = [index.get(name, -1) for name in names]
+            except TypeError:  # an unhashable id
+                bad = next(name for name in names if not isinstance(name, str))
+                raise TypeError(f"'streams' must hold str ids: {bad!r}") from None
             sid = np.asarray(sid_list, dtype=np.int64)
             # Known ids are str (dict keys); only unknown ones need the type check.
             new_names = [
@@ -388,7 +392,7 @@ class ScoredPolicy:
         names: str | list[str],
         sid: NDArray[np.int64],
         pos: NDArray[np.int64],
-        where: NDArray[np.int64] | list[str],
+        where: NDArray[np.int64] | list[int],
     ) -> None:
         """ValueError when a (known stream, position) pair is already resident."""
         inside = pos < self._span[sid]
