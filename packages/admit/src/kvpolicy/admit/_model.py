@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, overload
 
 import numpy as np
 from attrs import field, frozen
@@ -247,28 +247,37 @@ class _Engine:
 
     def evict_integer(self) -> NDArray[np.int64]:
         """Least-progressed-first; within a stage, classes evicted in proportion to occupancy."""
-        removed = np.zeros(self.k, dtype=np.int64)
         excess = self.overflow()
-        for j in range(1, self.length):
-            if excess <= 0:
-                break
-            col = (self.head - j) % self.length
-            counts = self.ring[:, col].copy()
-            if counts.sum() == 0:
-                continue
-            taken = np.zeros(self.k, dtype=np.int64)
-            total = counts.sum()
-            while excess > 0 and taken.sum() < total:
-                # The class furthest below its proportional share of evictions goes next.
+        order = (self.head - self.stage_index) % self.length  # columns, youngest first
+        cols = self.ring[:, order]
+        per_stage = self.l0_plus_1 @ cols + self.stage_index * cols.sum(axis=0)
+        cum = np.cumsum(per_stage)
+        # Stages before j go entirely; stage j frees the rest of the excess.
+        j = min(int(np.searchsorted(cum, excess)), self.length - 1)
+        removed = cols[:, :j].sum(axis=1)
+        self.ring[:, order[:j]] = 0
+        left = excess - (float(cum[j - 1]) if j > 0 else 0.0)
+        freed = float(cum[j - 1]) if j > 0 else 0.0
+        counts = cols[:, j]
+        total = int(counts.sum())
+        if left > 0 and total > 0:
+            weights = self.weights[:, j]
+            held = float(per_stage[j])
+            # Proportional split: the floor of each class's share of the tokens to free,
+            # then one request at a time, the class furthest below its share first.
+            taken = np.minimum(np.floor(counts * (left / held)).astype(np.int64), counts)
+            left -= float(np.dot(taken, weights))
+            while left > 0 and taken.sum() < total:
                 target = (taken.sum() + 1) * counts / total
                 k = int(np.argmax(np.where(taken < counts, target - taken, -np.inf)))
                 taken[k] += 1
-                excess -= self.weights[k, j]
-            self.ring[:, col] -= taken
-            removed += taken
+                left -= weights[k]
+            self.ring[:, order[j]] = counts - taken
+            removed = removed + taken
+            freed += float(np.dot(taken, weights))
         self.alive = self.alive - removed
-        self.recount()
-        return removed
+        self.used -= freed
+        return np.asarray(removed, dtype=np.int64)
 
     def add(self, masses: NDArray[Any]) -> None:
         self.ring[:, self.head] += masses
@@ -584,11 +593,11 @@ class _IntegerRun:
             free = w.memory - e.used
             if saturated:
                 self._top_up(free)
-            head = [self.templates[k] for k in _head(self.queue, free, w)]
+            head = _QueueView(self.queue, self.templates)
             state = SchedulerState(
                 step=n, time=float(n), used_tokens=round(e.used), capacity_tokens=w.memory
             )
-            asked = int(self.policy.admit(state, head)) if head else 0
+            asked = int(self.policy.admit(state, head)) if len(head) else 0
             if not 0 <= asked <= len(head):
                 raise ValueError(f"policy admitted {asked} of {len(head)} waiting requests")
             masses = np.zeros(e.k, dtype=np.int64)
@@ -619,13 +628,28 @@ class _IntegerRun:
         )
 
 
-def _head(queue: deque[int], free: float, workload: Workload) -> list[int]:
-    """Classes at the head of the queue: enough that greedy stops inside the list."""
-    out = []
-    budget = free
-    for k in queue:
-        out.append(k)
-        budget -= workload.input_lens[k]
-        if budget < 0:
-            break
-    return out
+class _QueueView(Sequence[Request]):
+    """The waiting queue of class indices seen as requests, without copying it."""
+
+    def __init__(self, queue: deque[int], templates: list[Request]) -> None:
+        self._queue = queue
+        self._templates = templates
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @overload
+    def __getitem__(self, index: int) -> Request: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Request]: ...
+
+    def __getitem__(self, index: int | slice) -> Request | Sequence[Request]:
+        if isinstance(index, slice):
+            return [self._templates[k] for k in list(self._queue)[index]]
+        return self._templates[self._queue[index]]
+
+    def __iter__(self) -> Iterator[Request]:
+        templates = self._templates
+        for k in self._queue:
+            yield templates[k]

@@ -163,7 +163,8 @@ class RateLimitedAdmission:
         if not isinstance(request, Request):
             raise TypeError(f"'request' must be a Request: {request!r}")
         self._samples.append((request.prompt_len, request.decode_len))
-        self._cached = None
+        if self.classes is None:
+            self._cached = None
 
     def _moments(self, waiting: Sequence[Request]) -> tuple[float, float, float, int] | None:
         if self.classes is not None:
