@@ -23,6 +23,7 @@ from kvpolicy.sim.workloads import (
     PMFLengths,
     Poisson,
     PrefixSharing,
+    QuantileLengths,
     Saturated,
     SyntheticConfig,
     TenantSpec,
@@ -32,6 +33,7 @@ from kvpolicy.sim.workloads import (
     get_workload,
     workload_config,
 )
+from kvpolicy.sim.workloads._lengthdist import QUANTILE_GRID, normal_cdf
 
 
 def make_request(i: int, t: float, prompt: int = 10, decode: int = 5, **kw: object) -> Request:
@@ -351,6 +353,65 @@ class TestLengths:
         assert fit.correlation == pytest.approx(1.0)
         with pytest.raises(ValueError, match="no requests to resample: 'w'"):
             EmpiricalLengths.from_workload(make_workload([]))
+
+    def test_quantile_fit_reproduces_the_table(self) -> None:
+        """A quantile table fitted to data gives back its quantiles and rank correlation."""
+        rng = np.random.default_rng(6)
+        prompt = rng.integers(1, 5000, size=20_000)
+        decode = np.maximum(1, prompt // 10 + rng.integers(0, 50, size=20_000))
+        dist = QuantileLengths.fit(prompt.tolist(), decode.tolist())
+        assert dist.probabilities == QUANTILE_GRID
+        assert dist.prompt_quantiles[0] == prompt.min()
+        assert dist.prompt_quantiles[-1] == prompt.max()
+        out = dist.sample(20_000, np.random.default_rng(7))
+        for col, data in ((0, prompt), (1, decode)):
+            for q in (0.1, 0.5, 0.9, 0.99):
+                assert np.quantile(out[:, col], q) == pytest.approx(np.quantile(data, q), rel=0.03)
+        assert dist.correlation > 0.9
+
+    def test_quantile_sampling_is_interpolation(self) -> None:
+        """Samples interpolate the table linearly: a two-point table is uniform."""
+        dist = QuantileLengths(
+            prompt_quantiles=(100.0, 200.0), decode_quantiles=(5.0, 5.0), probabilities=(0, 1)
+        )
+        out = dist.sample(10_000, np.random.default_rng(8))
+        assert out[:, 0].min() >= 100
+        assert out[:, 0].max() <= 200
+        assert out[:, 0].mean() == pytest.approx(150.0, rel=0.01)
+        assert set(out[:, 1].tolist()) == {5}
+
+    @pytest.mark.parametrize(
+        ("kwargs", "match"),
+        [
+            ({"prompt_quantiles": (1.0, 5.0, 3.0)}, "'prompt_quantiles' must be non-decreasing"),
+            ({"decode_quantiles": (0.0, 1.0, 2.0)}, "'decode_quantiles' must be finite and >= 1"),
+            (
+                {
+                    "probabilities": (0.0, 0.5, 0.5, 1.0),
+                    "prompt_quantiles": (1.0, 2.0, 3.0, 4.0),
+                    "decode_quantiles": (1.0, 2.0, 3.0, 4.0),
+                },
+                "'probabilities' must increase",
+            ),
+            ({"probabilities": (0.1, 0.5, 1.0)}, r"'probabilities' must run from 0.0 to 1.0"),
+            ({"prompt_quantiles": (1.0, 2.0)}, r"one value per probability \(3\): 2"),
+        ],
+    )
+    def test_quantile_validation(self, kwargs: dict[str, object], match: str) -> None:
+        """Bad tables are rejected naming the field."""
+        base: dict[str, object] = {
+            "prompt_quantiles": (1.0, 2.0, 3.0),
+            "decode_quantiles": (1.0, 2.0, 3.0),
+            "probabilities": (0.0, 0.5, 1.0),
+        }
+        with pytest.raises(ValueError, match=match):
+            QuantileLengths(**{**base, **kwargs})  # type: ignore[arg-type]
+
+    def test_normal_cdf(self) -> None:
+        """normal_cdf agrees with math.erf to 1e-7 from -8 to 8."""
+        z = np.linspace(-8.0, 8.0, 321)
+        exact = np.array([0.5 * (1.0 + math.erf(v / math.sqrt(2.0))) for v in z])
+        assert np.abs(normal_cdf(z) - exact).max() < 1e-7
 
     def test_pmf_draws_from_support(self) -> None:
         """PMFLengths draws only values with positive probability, normalising weights."""

@@ -11,6 +11,7 @@ import pytest
 from kvpolicy.sim.workloads import (
     GammaArrivals,
     LogNormalLengths,
+    QuantileLengths,
     Workload,
     describe,
     get_workload,
@@ -20,15 +21,19 @@ from kvpolicy.sim.workloads import (
 from kvpolicy.sim.workloads._calibration import (
     ARXIV_LENGTHS,
     ARXIV_MEAN_PROMPT,
+    ARXIV_QUANTILES,
     AZURE_CONV_ARRIVALS,
     AZURE_CONV_LENGTHS,
     AZURE_CONV_PROMPT_TOKENS_PER_S,
+    AZURE_CONV_QUANTILES,
     MOONCAKE_CONV_ARRIVALS,
     MOONCAKE_CONV_LENGTHS,
     MOONCAKE_CONV_PREFIX,
+    MOONCAKE_CONV_QUANTILES,
     SERVEGEN_M_SMALL_TENANTS,
     SHAREGPT_LENGTHS,
     SHAREGPT_MEAN_PROMPT,
+    SHAREGPT_QUANTILES,
 )
 
 TRACES = pathlib.Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"
@@ -57,6 +62,14 @@ def fit_lengths(w: Workload) -> LogNormalLengths:
     )
 
 
+def assert_quantiles_match(constant: QuantileLengths, w: Workload) -> None:
+    fitted = QuantileLengths.from_workload(w)
+    assert constant.probabilities == fitted.probabilities
+    assert constant.prompt_quantiles == pytest.approx(fitted.prompt_quantiles, abs=0.051)
+    assert constant.decode_quantiles == pytest.approx(fitted.decode_quantiles, abs=0.051)
+    assert constant.correlation == pytest.approx(fitted.correlation, abs=6e-5)
+
+
 def assert_lengths_match(constant: LogNormalLengths, fitted: LogNormalLengths) -> None:
     for name in ("prompt_mu", "prompt_sigma", "decode_mu", "decode_sigma", "correlation"):
         assert getattr(constant, name) == pytest.approx(getattr(fitted, name), abs=6e-5), name
@@ -72,6 +85,7 @@ class TestCalibration:
         assert AZURE_CONV_ARRIVALS.rate == pytest.approx(fitted.rate, abs=6e-5)
         assert AZURE_CONV_ARRIVALS.cv == pytest.approx(fitted.cv, abs=6e-5)
         assert_lengths_match(AZURE_CONV_LENGTHS, fit_lengths(w))
+        assert_quantiles_match(AZURE_CONV_QUANTILES, w)
         mean_prompt = np.mean([r.prompt_len for r in w.requests])
         assert pytest.approx(fitted.rate * mean_prompt, 0.01) == AZURE_CONV_PROMPT_TOKENS_PER_S
 
@@ -82,16 +96,20 @@ class TestCalibration:
         assert MOONCAKE_CONV_ARRIVALS.rate == pytest.approx(fitted.rate, abs=6e-5)
         assert MOONCAKE_CONV_ARRIVALS.cv == pytest.approx(fitted.cv, abs=6e-5)
         assert_lengths_match(MOONCAKE_CONV_LENGTHS, fit_lengths(w))
+        assert_quantiles_match(MOONCAKE_CONV_QUANTILES, w)
 
     @pytest.mark.parametrize(
-        ("key", "constant", "mean_prompt"),
-        [("sharegpt", SHAREGPT_LENGTHS, SHAREGPT_MEAN_PROMPT),
-         ("arxiv", ARXIV_LENGTHS, ARXIV_MEAN_PROMPT)],
+        ("key", "constant", "quantiles", "mean_prompt"),
+        [("sharegpt", SHAREGPT_LENGTHS, SHAREGPT_QUANTILES, SHAREGPT_MEAN_PROMPT),
+         ("arxiv", ARXIV_LENGTHS, ARXIV_QUANTILES, ARXIV_MEAN_PROMPT)],
     )  # fmt: skip
-    def test_length_files(self, key: str, constant: LogNormalLengths, mean_prompt: float) -> None:
-        """ShareGPT and arXiv lognormals and mean prompts are the files'."""
+    def test_length_files(
+        self, key: str, constant: LogNormalLengths, quantiles: QuantileLengths, mean_prompt: float
+    ) -> None:
+        """ShareGPT and arXiv lognormals, quantile tables and mean prompts are the files'."""
         w = trace(key, rate=1.0)
         assert_lengths_match(constant, fit_lengths(w))
+        assert_quantiles_match(quantiles, w)
         assert np.mean([r.prompt_len for r in w.requests]) == pytest.approx(mean_prompt, abs=6e-3)
 
     def test_servegen_m_small_tenants(self) -> None:

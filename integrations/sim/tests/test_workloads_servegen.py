@@ -122,10 +122,10 @@ class TestLoadServeGen:
         assert "rates scaled by 0.5" in w.notes[0]
 
     def test_no_dataset_uses_azure_lengths_and_says_so(self, tmp_path: pathlib.Path) -> None:
-        """Without length files the lengths come from the Azure lognormal, noted."""
+        """Without length files the lengths come from the Azure trace's quantiles, noted."""
         write_client(tmp_path, 0, windows(1.0, 1.0, 2))
         w = load_trace(tmp_path)
-        assert any("Azure conversation lognormal" in n for n in w.notes)
+        assert any("Azure conversation trace's quantiles" in n for n in w.notes)
         assert max(r.decode_len for r in w.requests) <= 1000
 
     def test_client_without_dataset_uses_pooled_pmfs(self, tmp_path: pathlib.Path) -> None:

@@ -32,6 +32,7 @@ from kvpolicy.sim.workloads._lengthdist import (
     LengthDistribution,
     LogNormalLengths,
     PMFLengths,
+    QuantileLengths,
 )
 from kvpolicy.sim.workloads._load import TRACE_FORMATS, detect_format, load_trace
 from kvpolicy.sim.workloads._mooncake import expand_block_hashes
@@ -55,6 +56,7 @@ __all__ = [
     "PMFLengths",
     "Poisson",
     "PrefixSharing",
+    "QuantileLengths",
     "Saturated",
     "ServeGenClient",
     "SyntheticConfig",

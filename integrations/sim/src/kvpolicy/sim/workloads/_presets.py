@@ -1,7 +1,8 @@
 """Named workloads: :func:`get_workload` and :data:`WORKLOAD_NAMES`.
 
 Each name maps to a :class:`SyntheticConfig` calibrated from a public trace (see
-:mod:`kvpolicy.sim.workloads._calibration` for the statistics and their provenance):
+:mod:`kvpolicy.sim.workloads._calibration` for the statistics and their provenance). Lengths
+are the traces' quantile tables (:class:`QuantileLengths`), so medians and tails match:
 
 =================  ===========================================================================
 name               what
@@ -32,17 +33,17 @@ import attrs
 
 from kvpolicy.sim.workloads._arrivals import Poisson, Saturated
 from kvpolicy.sim.workloads._calibration import (
-    ARXIV_LENGTHS,
     ARXIV_MEAN_PROMPT,
+    ARXIV_QUANTILES,
     AZURE_CONV_ARRIVALS,
-    AZURE_CONV_LENGTHS,
     AZURE_CONV_PROMPT_TOKENS_PER_S,
+    AZURE_CONV_QUANTILES,
     MOONCAKE_CONV_ARRIVALS,
-    MOONCAKE_CONV_LENGTHS,
     MOONCAKE_CONV_PREFIX,
+    MOONCAKE_CONV_QUANTILES,
     SERVEGEN_M_SMALL_TENANTS,
-    SHAREGPT_LENGTHS,
     SHAREGPT_MEAN_PROMPT,
+    SHAREGPT_QUANTILES,
 )
 from kvpolicy.sim.workloads._lengthdist import EmpiricalLengths, FixedLengths
 from kvpolicy.sim.workloads._synthetic import SyntheticConfig, generate
@@ -71,7 +72,7 @@ def _multi_tenant() -> SyntheticConfig:
             service_class=service_class,
             cv=cv,
             # The batch tenant summarises documents: long prompts, short outputs.
-            lengths=ARXIV_LENGTHS if name == "batch" else None,
+            lengths=ARXIV_QUANTILES if name == "batch" else None,
         )
         for (name, service_class), (share, cv) in zip(
             _TENANT_ROLES, SERVEGEN_M_SMALL_TENANTS, strict=True
@@ -81,7 +82,7 @@ def _multi_tenant() -> SyntheticConfig:
         name="multi-tenant",
         num_requests=_DEFAULT_REQUESTS,
         arrivals=AZURE_CONV_ARRIVALS,
-        lengths=AZURE_CONV_LENGTHS,
+        lengths=AZURE_CONV_QUANTILES,
         tenants=tenants,
     )
 
@@ -91,7 +92,7 @@ def _azure() -> SyntheticConfig:
         name="azure-conv-like",
         num_requests=_DEFAULT_REQUESTS,
         arrivals=AZURE_CONV_ARRIVALS,
-        lengths=AZURE_CONV_LENGTHS,
+        lengths=AZURE_CONV_QUANTILES,
     )
 
 
@@ -100,7 +101,7 @@ def _mooncake() -> SyntheticConfig:
         name="mooncake-like",
         num_requests=_DEFAULT_REQUESTS,
         arrivals=MOONCAKE_CONV_ARRIVALS,
-        lengths=MOONCAKE_CONV_LENGTHS,
+        lengths=MOONCAKE_CONV_QUANTILES,
         prefix=MOONCAKE_CONV_PREFIX,
     )
 
@@ -110,7 +111,7 @@ def _sharegpt() -> SyntheticConfig:
         name="sharegpt-like",
         num_requests=_DEFAULT_REQUESTS,
         arrivals=Poisson(rate=round(AZURE_CONV_PROMPT_TOKENS_PER_S / SHAREGPT_MEAN_PROMPT, 4)),
-        lengths=SHAREGPT_LENGTHS,
+        lengths=SHAREGPT_QUANTILES,
     )
 
 
@@ -119,7 +120,7 @@ def _long_context() -> SyntheticConfig:
         name="long-context",
         num_requests=_DEFAULT_REQUESTS,
         arrivals=Poisson(rate=round(AZURE_CONV_PROMPT_TOKENS_PER_S / ARXIV_MEAN_PROMPT, 4)),
-        lengths=ARXIV_LENGTHS,
+        lengths=ARXIV_QUANTILES,
     )
 
 

@@ -18,7 +18,7 @@ requests:
   from the client's PMFs of the 6 h window that holds ``t`` (ServeGen gives marginals only).
   An empty window uses the client's nearest earlier non-empty one (else its first non-empty
   one); a client with no dataset file uses all the directory's PMFs pooled; a directory with
-  no dataset files (the m-small snapshot) uses the Azure conversation lognormal. Each
+  no dataset files (the m-small snapshot) uses the Azure conversation lengths. Each
   fallback is recorded in the workload's ``notes``. ``reason_ratio`` is not used: output
   lengths already count the reasoning tokens.
 
@@ -40,7 +40,7 @@ import numpy as np
 from attrs import frozen
 
 from kvpolicy.kvmodel import Request
-from kvpolicy.sim.workloads._calibration import AZURE_CONV_LENGTHS
+from kvpolicy.sim.workloads._calibration import AZURE_CONV_QUANTILES
 from kvpolicy.sim.workloads._common import RowLog, check_limit, check_path
 from kvpolicy.sim.workloads._errors import TraceFormatError
 from kvpolicy.sim.workloads._tenants import TenantSpec
@@ -431,7 +431,7 @@ def _draw_lengths(
         groups[(c, keys[max(j, 0)])].append(i)
     if fallback_clients and not datasets:
         notes.append(
-            "no chunk-<i>-dataset.json here: lengths from the Azure conversation lognormal"
+            "no chunk-<i>-dataset.json here: lengths from the Azure conversation trace's quantiles"
         )
     elif fallback_clients:
         if not pooled:
@@ -447,7 +447,7 @@ def _draw_lengths(
         idx = np.asarray(idx_list, dtype=np.int64)
         if math.isnan(key):
             if not datasets or not pooled:
-                out[idx] = AZURE_CONV_LENGTHS.sample(idx.size, rng)
+                out[idx] = AZURE_CONV_QUANTILES.sample(idx.size, rng)
                 continue
             picks = rng.integers(0, len(pooled), size=idx.size)
             for col in (0, 1):

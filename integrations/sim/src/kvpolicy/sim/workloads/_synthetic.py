@@ -18,7 +18,7 @@ from attrs.validators import ge, instance_of, min_len, optional
 
 from kvpolicy.kvmodel import Request
 from kvpolicy.sim.workloads._arrivals import ArrivalProcess, GammaArrivals, Saturated
-from kvpolicy.sim.workloads._calibration import AZURE_CONV_ARRIVALS, AZURE_CONV_LENGTHS
+from kvpolicy.sim.workloads._calibration import AZURE_CONV_ARRIVALS, AZURE_CONV_QUANTILES
 from kvpolicy.sim.workloads._lengthdist import LengthDistribution
 from kvpolicy.sim.workloads._prefix import PrefixSharing, assign_prefix_hashes
 from kvpolicy.sim.workloads._tenants import TenantSpec, is_lengths
@@ -57,7 +57,7 @@ class SyntheticConfig:
 
     The defaults are the Azure conversation trace's statistics (see
     :mod:`kvpolicy.sim.workloads._calibration`): Gamma arrivals at 5.53 req/s with CV 1.09,
-    its lognormal lengths, one tenant.
+    its lengths (quantile table), one tenant.
     """
 
     name: str = field(default="synthetic", validator=[instance_of(str), min_len(1)])
@@ -66,7 +66,7 @@ class SyntheticConfig:
     """Requests to generate."""
     arrivals: ArrivalProcess = field(default=AZURE_CONV_ARRIVALS, validator=_is_arrivals)
     """The base arrival process; each tenant runs it scaled to its rate."""
-    lengths: LengthDistribution = field(default=AZURE_CONV_LENGTHS, validator=is_lengths)
+    lengths: LengthDistribution = field(default=AZURE_CONV_QUANTILES, validator=is_lengths)
     """Lengths of tenants that set none."""
     tenants: tuple[TenantSpec, ...] = field(
         default=(TenantSpec("default"),), converter=_to_tenants, validator=_check_tenants
