@@ -67,10 +67,10 @@ class RowLog:
     skipped: int = 0
     clamped: int = 0
 
-    def bad(self, line: int, reason: str) -> None:
-        """A malformed row: raise, or count it when skipping."""
+    def bad(self, line: int, reason: str, path: str | None = None) -> None:
+        """A malformed row of ``path`` (default: the log's file): raise, or count it."""
         if not self.skip_bad:
-            raise TraceFormatError(self.path, line, reason)
+            raise TraceFormatError(self.path if path is None else path, line, reason)
         self.skipped += 1
 
     def clamp(self, prompt_len: int, decode_len: int) -> tuple[int, int]:

@@ -154,8 +154,7 @@ def _read_windows(path: pathlib.Path, log: RowLog) -> list[_Window]:
                 if raw and t <= raw[-1][0]:
                     raise ValueError(f"timestamp_s must increase: {t!r} after {raw[-1][0]!r}")
             except ValueError as exc:
-                log.path = os.fspath(path)
-                log.bad(line_no, str(exc))
+                log.bad(line_no, str(exc), os.fspath(path))
                 continue
             raw.append((t, rate, cv))
     windows = []
