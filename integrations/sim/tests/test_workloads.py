@@ -70,11 +70,13 @@ class TestWorkload:
         assert w.mean_rate == 0.5
         assert w.tenants == ("a", "b")
         assert w.arrival_times().tolist() == [1.0, 2.0, 5.0]
+        assert w.max_total_len == 15
 
     def test_empty_workload(self) -> None:
         """An empty workload is valid and spans no time."""
         w = make_workload([])
         assert (w.num_requests, w.duration, w.start_time, w.tenants) == (0, 0.0, 0.0, ())
+        assert w.max_total_len == 0
 
     def test_mean_rate_needs_two_requests(self) -> None:
         """mean_rate of a single request is an error naming the count."""

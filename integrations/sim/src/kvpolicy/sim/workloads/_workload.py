@@ -134,6 +134,12 @@ class Workload:
         return (len(self.requests) - 1) / span if span > 0 else math.inf
 
     @property
+    def max_total_len(self) -> int:
+        """Most tokens one request holds at completion (0 when empty): the KV a simulator
+        must be able to fit for the workload to be servable at all."""
+        return max((r.total_len for r in self.requests), default=0)
+
+    @property
     def summary(self) -> dict[str, Any]:
         """The same dictionary as :func:`describe`."""
         return describe(self)
