@@ -11,6 +11,12 @@ ServeGen and the generators count requests produced per second.
 
 Run: ``python benchmarks/bench_workloads.py [--quick] [--out results/bench]``
 (``--quick``: one repeat and smaller inputs).
+
+When the public traces are present the JSON also records, under ``calibration``, the
+statistics that calibrate the synthetic presets, recomputed from the traces with the
+package's own fitting code (Gamma rate and CV, lognormal log-moments, quantile tables,
+ServeGen client shares and CVs): the numbers tabulated in
+``kvpolicy.sim.workloads._calibration`` and checked by ``test_workloads_calibration.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,16 @@ from typing import Any
 
 from _harness import parse_args, write_result
 
-from kvpolicy.sim.workloads import describe, get_workload, load_trace
+from kvpolicy.sim.workloads import (
+    GammaArrivals,
+    LogNormalLengths,
+    QuantileLengths,
+    Workload,
+    describe,
+    get_workload,
+    load_trace,
+    servegen_client_stats,
+)
 
 TRACES = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
 REAL = {
@@ -91,6 +106,50 @@ def _csv_rows(path: pathlib.Path) -> int:
         return sum(1 for _ in csv.reader(f)) - 1
 
 
+def _lengths(w: Workload) -> dict[str, Any]:
+    lognormal = LogNormalLengths.from_workload(w)
+    quantiles = QuantileLengths.from_workload(w)
+    return {
+        "lognormal": {
+            "prompt_mu": lognormal.prompt_mu,
+            "prompt_sigma": lognormal.prompt_sigma,
+            "decode_mu": lognormal.decode_mu,
+            "decode_sigma": lognormal.decode_sigma,
+            "correlation": lognormal.correlation,
+            "max_prompt_len": lognormal.max_prompt_len,
+            "max_decode_len": lognormal.max_decode_len,
+        },
+        "quantiles": {
+            "probabilities": list(quantiles.probabilities),
+            "prompt": list(quantiles.prompt_quantiles),
+            "decode": list(quantiles.decode_quantiles),
+            "copula_correlation": quantiles.correlation,
+        },
+        "describe": describe(w),
+    }
+
+
+def calibration() -> dict[str, Any]:
+    """The presets' calibration statistics, recomputed from the public traces."""
+    out: dict[str, Any] = {}
+    for key, kwargs in (("azure", {}), ("mooncake", {"block_size": 512})):
+        w = load_trace(REAL[key], key, **kwargs)  # type: ignore[arg-type]
+        arrivals = GammaArrivals.fit(w.arrival_times())
+        out[key] = {"rate": arrivals.rate, "cv": arrivals.cv, **_lengths(w)}
+    for key, path in (
+        ("sharegpt", REAL["lengths"]),
+        ("arxiv", TRACES / "arxiv-summarization-lengths"
+         / "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv"),
+    ):  # fmt: skip
+        out[key] = _lengths(load_trace(path, "lengths", rate=1.0))
+    clients = servegen_client_stats(TRACES / "servegen-bailian" / "language" / "m-small")
+    out["servegen_m_small_clients"] = [
+        {"client": c.client, "share": c.share, "cv": c.cv, "active_fraction": c.active_fraction}
+        for c in clients
+    ]
+    return out
+
+
 def main() -> None:
     """Measure and write ``bench_workloads.json``."""
     args = parse_args(__doc__.splitlines()[0])
@@ -132,6 +191,8 @@ def main() -> None:
                 f"{name:28s} {result['rows']:>8d} rows  {result['rows_per_s']:>12,.0f} rows/s  "
                 f"x{result['ratio_to_csv']:.3f} of csv"
             )
+        if have_real:
+            figures["calibration"] = calibration()
     write_result("bench_workloads", figures, args.out)
 
 
