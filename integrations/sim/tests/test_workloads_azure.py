@@ -119,6 +119,23 @@ class TestLoadAzure:
         assert w.clamped_rows == 2
         assert describe(w)["clamped_rows"] == 2
 
+    def test_undecodable_bytes_are_a_bad_row(self, tmp_path: pathlib.Path) -> None:
+        """Bytes that are not UTF-8 make their row malformed (line named), or skipped."""
+        path = tmp_path / "trace.csv"
+        path.write_bytes(
+            HEADER.encode() + b"2023-11-16 18:15:46,1,1\n2023-11-16 18:15:47,\xff\xfe,1\n"
+        )
+        with pytest.raises(TraceFormatError, match="line 3"):
+            load_trace(path)
+        assert load_trace(path, skip_bad=True).skipped_rows == 1
+
+    def test_binary_file_is_not_detected(self, tmp_path: pathlib.Path) -> None:
+        """A binary file is a TraceFormatError from detection, not a decoding crash."""
+        path = tmp_path / "blob.bin"
+        path.write_bytes(bytes(range(256)))
+        with pytest.raises(TraceFormatError, match="cannot detect the trace format"):
+            load_trace(path)
+
     def test_wrong_header(self, tmp_path: pathlib.Path) -> None:
         """A file with another header is an error on line 1."""
         path = write_csv(tmp_path, "2023-11-16 18:15:46,1,1", header="time,in,out\n")

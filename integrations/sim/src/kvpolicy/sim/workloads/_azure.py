@@ -79,7 +79,7 @@ def load_azure(
     log = RowLog(path=os.fspath(p), skip_bad=skip_bad)
     rows: list[tuple[float, int, int, int, tuple[int, ...]]] = []
     ns_rows: list[tuple[int, int, int, int]] = []
-    with p.open(newline="", encoding="utf-8-sig") as f:
+    with p.open(newline="", encoding="utf-8-sig", errors="replace") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None or tuple(h.strip() for h in header) != AZURE_HEADER:

@@ -88,7 +88,7 @@ def load_lengths(
         raise ValueError(f"'seed' must be >= 0: {seed}")
     log = RowLog(path=os.fspath(p), skip_bad=skip_bad)
     parsed: list[tuple[int, int, int]] = []
-    with p.open(newline="", encoding="utf-8-sig") as f:
+    with p.open(newline="", encoding="utf-8-sig", errors="replace") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         columns = find_length_columns(header) if header else None

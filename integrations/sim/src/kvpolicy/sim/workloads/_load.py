@@ -34,7 +34,7 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     p = check_path(path)
     if p.is_dir() or _CHUNK.fullmatch(p.name):
         return "servegen"
-    with p.open(encoding="utf-8-sig") as f:
+    with p.open(encoding="utf-8-sig", errors="replace") as f:
         first = f.readline().strip()
     if first.startswith("{"):
         try:

@@ -145,7 +145,7 @@ def load_mooncake(
             raise ValueError(f"'{name}' must be >= 1: {value}")
     log = RowLog(path=os.fspath(p), skip_bad=skip_bad)
     parsed: list[tuple[float, int, int, int, list[int]]] = []
-    with p.open(encoding="utf-8") as f:
+    with p.open(encoding="utf-8", errors="replace") as f:
         for line_no, text in enumerate(f, start=1):
             if not text.strip():
                 continue

@@ -133,7 +133,7 @@ def _client_files(p: pathlib.Path) -> dict[int, pathlib.Path]:
 
 def _read_windows(path: pathlib.Path, log: RowLog) -> list[_Window]:
     raw: list[tuple[float, float, float]] = []
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8", errors="replace") as f:
         for line_no, text in enumerate(f, start=1):
             if not text.strip():
                 continue
