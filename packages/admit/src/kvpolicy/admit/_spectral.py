@@ -102,11 +102,25 @@ def _newton_ratio(coeffs: NDArray[np.float64], z: NDArray[np.complex128]) -> NDA
     degree = coeffs.size - 1
     outer = np.abs(z) > 1.0
     w = np.where(outer, 1.0 / np.where(outer, z, 1.0), z)
-    value = np.where(outer, coeffs[-1], coeffs[0]).astype(np.complex128)
-    deriv = np.zeros(z.shape, dtype=np.complex128)
-    for fwd, rev in zip(coeffs[1:], coeffs[-2::-1], strict=True):
-        deriv = deriv * w + value
-        value = value * w + np.where(outer, rev, fwd)
+    if z.size <= 32 < degree:
+        # Few points: one (m, n) power matrix beats n Python-level Horner steps. |w| <= 1,
+        # so the powers cannot overflow.
+        powers = np.arange(degree + 1)
+        vander = np.exp(np.log(np.where(w == 0, 1e-300, w))[:, None] * powers[None, :])
+        fwd_asc = coeffs[::-1]
+        rev_asc = coeffs
+        value = np.where(outer, vander @ rev_asc, vander @ fwd_asc)
+        deriv = np.where(
+            outer,
+            vander[:, :-1] @ (powers[1:] * rev_asc[1:]),
+            vander[:, :-1] @ (powers[1:] * fwd_asc[1:]),
+        )
+    else:
+        value = np.where(outer, coeffs[-1], coeffs[0]).astype(np.complex128)
+        deriv = np.zeros(z.shape, dtype=np.complex128)
+        for fwd, rev in zip(coeffs[1:], coeffs[-2::-1], strict=True):
+            deriv = deriv * w + value
+            value = value * w + np.where(outer, rev, fwd)
     with np.errstate(divide="ignore", invalid="ignore"):
         inner_ratio = value / deriv
         outer_ratio = z / (degree - w * deriv / value)
