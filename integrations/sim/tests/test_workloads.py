@@ -141,6 +141,23 @@ class TestWorkload:
         assert fast.mean_rate == 1.5
         assert fast.notes == ("arrival times scaled by 0.5 to a mean rate of 1.5 req/s",)
 
+    def test_with_context_limit(self) -> None:
+        """Requests over the context lose prompt tokens first, then output; counted."""
+        reqs = (
+            make_request(0, 0.0, prompt=100, decode=20, prefix_hashes=(1, 2, 3)),
+            make_request(1, 1.0, prompt=10, decode=500),
+            make_request(2, 2.0, prompt=30, decode=10, prefix_hashes=(7,)),
+        )
+        w = Workload(name="w", requests=reqs, source="s").with_context_limit(64)
+        assert [(r.prompt_len, r.decode_len) for r in w.requests] == [(44, 20), (1, 63), (30, 10)]
+        assert [r.prefix_hashes for r in w.requests] == [(), (), (7,)]
+        assert w.notes == ("2 requests cut to the 64-token context (prompt cut first)",)
+        assert w.max_total_len == 64
+        untouched = Workload(name="w", requests=reqs[2:], source="s")
+        assert untouched.with_context_limit(64) is untouched
+        with pytest.raises(ValueError, match="'context_len' must be >= 2: 1"):
+            untouched.with_context_limit(1)
+
     @pytest.mark.parametrize("rate", [0.0, -1.0, math.inf, math.nan])
     def test_with_rate_rejects_bad_rates(self, rate: float) -> None:
         """A rate that is not finite and positive is a ValueError naming 'rate'."""

@@ -160,6 +160,29 @@ class Workload:
             return self
         return attrs.evolve(self, requests=self.requests[:num_requests])  # specs stay valid
 
+    def with_context_limit(self, context_len: int) -> Workload:
+        """Cut every request to at most ``context_len`` tokens (prompt plus output).
+
+        A serving front end keeps a conversation inside the model's context window by
+        dropping its oldest tokens, so the prompt is cut first (from the front, which
+        invalidates its prefix hashes) and the output only when it alone does not fit
+        (it keeps ``context_len - 1`` tokens and a one-token prompt). The number of requests
+        cut is put in ``notes``.
+
+        Raises:
+            ValueError: ``context_len`` < 2.
+        """
+        if isinstance(context_len, bool) or not isinstance(context_len, int):
+            raise TypeError(f"'context_len' must be int: {context_len!r}")
+        if context_len < 2:
+            raise ValueError(f"'context_len' must be >= 2: {context_len}")
+        cut = sum(1 for r in self.requests if r.total_len > context_len)
+        if cut == 0:
+            return self
+        requests = tuple(_clip_to_context(r, context_len) for r in self.requests)
+        note = f"{cut} requests cut to the {context_len}-token context (prompt cut first)"
+        return attrs.evolve(self, requests=requests, notes=(*self.notes, note))
+
     def with_rate(self, rate: float) -> Workload:
         """Stretch or compress time about the first arrival so that :attr:`mean_rate` is ``rate``.
 
@@ -180,6 +203,24 @@ class Workload:
         )
         note = f"arrival times scaled by {factor:.6g} to a mean rate of {rate:g} req/s"
         return attrs.evolve(self, requests=scaled, notes=(*self.notes, note))
+
+
+def _clip_to_context(request: Request, context_len: int) -> Request:
+    """``request`` cut to ``context_len`` tokens: the prompt loses its oldest tokens first."""
+    if request.total_len <= context_len:
+        return request
+    decode = min(request.decode_len, context_len - 1)
+    prompt = context_len - decode
+    hashes = request.prefix_hashes
+    if hashes and prompt < request.prompt_len:
+        # Dropping leading tokens changes every block, so no prefix survives the cut.
+        hashes = ()
+    return attrs.evolve(
+        request,
+        prompt_len=prompt,
+        decode_len=decode,
+        prefix_hashes=hashes,  # type: ignore[arg-type]  # kvmodel: converter=tuple
+    )
 
 
 def _positive_rate(rate: float) -> float:
