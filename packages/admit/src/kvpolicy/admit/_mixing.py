@@ -120,7 +120,7 @@ def plan_routing(
     classes: Sequence[RequestClass],
     gpus: int,
     *,
-    margin: float = 0.0,
+    margin: float = 1e-3,
     home: Sequence[int] | None = None,
     steps: Sequence[float] = (0.05, 0.1, 0.2, 0.3, 0.5),
 ) -> RoutingPlan:
@@ -129,7 +129,8 @@ def plan_routing(
     Args:
         classes: the request classes with their traffic shares (summing to 1).
         gpus: number of GPUs.
-        margin: required spectral gap, ``spectral_radius < 1 - margin``.
+        margin: required spectral gap, ``spectral_radius < 1 - margin`` (default 0.001:
+            a perturbation then decays by at least 1/e every 1,000 iterations).
         home: the specialised plan to start from, one GPU index per class (default:
             classes sorted by decode length in contiguous groups of equal memory load).
         steps: fractions of a donor class's traffic tried, smallest first.
