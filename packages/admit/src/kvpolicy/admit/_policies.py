@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from attrs import define, field, frozen
 from attrs.validators import ge, gt, instance_of, optional
+from numpy.typing import NDArray
 
 from kvpolicy.kvmodel import Request, SchedulerState
 
@@ -86,8 +87,10 @@ class RateEstimate:
     """Completions behind the estimate (0 when a known mix or the prior is used)."""
 
 
-def _mix_moments(l0: np.ndarray, l1: np.ndarray, weights: np.ndarray) -> tuple[float, float, float]:
-    """``E[C]``, the variance of memory per unit admission rate, and the peak footprint.
+def _mix_moments(
+    l0: NDArray[np.int64], l1: NDArray[np.int64], weights: NDArray[np.float64]
+) -> tuple[float, float, float, float]:
+    """``E[C]``, memory variance per unit admission rate, peak footprint, longest decode.
 
     Args:
         l0: (n,) int64 prompt lengths; l1: (n,) int64 decode lengths;
@@ -102,7 +105,7 @@ def _mix_moments(l0: np.ndarray, l1: np.ndarray, weights: np.ndarray) -> tuple[f
     ages = np.arange(int(l1.max()))
     w = np.where(ages[None, :] < l1[:, None], l0[:, None] + 1.0 + ages[None, :], 0.0)
     var = float(np.sum(weights @ (w * w) - (weights @ w) ** 2))
-    return mean_c, max(var, 0.0), float(np.max(l0 + l1))
+    return mean_c, max(var, 0.0), float(np.max(l0 + l1)), float(np.max(l1))
 
 
 @define
@@ -142,7 +145,7 @@ class RateLimitedAdmission:
     """Decode length assumed before enough completions (None: greedy until then)."""
     _samples: deque[tuple[int, int]] = field(init=False, factory=deque)
     _credit: float = field(init=False, default=0.0)
-    _cached: tuple[float, float, float] | None = field(init=False, default=None)
+    _cached: tuple[float, float, float, float] | None = field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.classes is not None:
@@ -166,7 +169,7 @@ class RateLimitedAdmission:
         if self.classes is None:
             self._cached = None
 
-    def _moments(self, waiting: Sequence[Request]) -> tuple[float, float, float, int] | None:
+    def _moments(self, waiting: Sequence[Request]) -> tuple[float, float, float, float, int] | None:
         if self.classes is not None:
             if self._cached is None:
                 self._cached = _mix_moments(
@@ -195,14 +198,8 @@ class RateLimitedAdmission:
         moments = self._moments(waiting)
         if moments is None:
             return None
-        mean_c, var_per_rate, peak, samples = moments
+        mean_c, var_per_rate, peak, l1_max, samples = moments
         x_star = capacity_tokens / mean_c
-        if self.classes is not None:
-            l1_max = float(max(c.decode_len for c in self.classes))
-        elif samples:
-            l1_max = float(max(s[1] for s in self._samples))
-        else:
-            l1_max = float(self.prior_decode_len or 0)
         margin = peak + l1_max + self.margin_sigmas * math.sqrt(var_per_rate * x_star)
         cap = max(capacity_tokens - margin, 0.0) / mean_c
         return RateEstimate(x_star=x_star, cap=cap, margin_tokens=margin, samples=samples)
