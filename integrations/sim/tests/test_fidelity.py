@@ -119,3 +119,26 @@ class TestSeed002Poisson:
         assert greedy.series_waiting.max() > 10 * capped.series_waiting.max()
         assert 3000 / greedy.iterations == pytest.approx(1.0, abs=0.1)
         assert 3000 / capped.iterations == pytest.approx(lam, rel=0.05)
+
+
+class TestSeed002WithKvpolicyAdmit:
+    """The same checks with kvpolicy-admit's policies in the engine."""
+
+    def _reqs(self) -> list[Request]:
+        return [Request(f"r{i}", L0 + 1, L1, 0.0) for i in range(1500)]
+
+    def test_greedy(self, kit: SimpleNamespace) -> None:
+        """kvpolicy-admit's GreedyAdmission settles in the worst cycle with evictions."""
+        admit = pytest.importorskip("kvpolicy.admit", reason="kvpolicy-admit is not installed")
+        rec = _run(kit, admit.GreedyAdmission(), self._reqs())
+        assert rec.preemptions.sum() > 100
+        assert _steady_throughput(rec, 0.2) == pytest.approx(1.0, abs=0.1)
+
+    def test_rate_limited(self, kit: SimpleNamespace) -> None:
+        """kvpolicy-admit's RateLimitedAdmission for the known class never evicts and
+        serves between the worst cycle and x*."""
+        admit = pytest.importorskip("kvpolicy.admit", reason="kvpolicy-admit is not installed")
+        policy = admit.RateLimitedAdmission(classes=(admit.RequestClass(L0, L1, 1.0),))
+        rec = _run(kit, policy, self._reqs())
+        assert rec.preemptions.sum() == 0
+        assert 1.4 < _steady_throughput(rec, 0.2) <= X_STAR

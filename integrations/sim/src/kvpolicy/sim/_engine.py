@@ -123,6 +123,7 @@ class _Seq:
         "inserted",
         "observed_at",
         "order",
+        "pool_reserved",
         "pool_tokens",
         "positions",
         "req",
@@ -138,7 +139,8 @@ class _Seq:
         self.generated = 0  # output tokens produced
         self.target = req.prompt_len  # tokens to compute before the next output token
         self.computed = 0  # of ``target``, computed (or found cached)
-        self.pool_tokens = 0  # tokens held in the block pool (resident, block-aligned slack)
+        self.pool_tokens = 0  # tokens of KV held for this request in the block pool
+        self.pool_reserved = 0  # tokens the pool has recorded: pool_tokens up to its block end
         self.order = 0  # admission counter (vLLM preempts the largest first)
         self.inserted = 0  # logical positions reported to the eviction policy
         self.observed_at = 0  # iteration of the last attention observation
@@ -445,7 +447,7 @@ class _Run:
         alloc = self.pool.allocate(s.rid, s.target, req.prefix_hashes)
         if alloc is None:
             return False
-        s.pool_tokens = s.target
+        s.pool_tokens = s.pool_reserved = s.target
         # The last token is always computed, to produce logits (as vLLM does).
         s.computed = min(alloc.cached_tokens, s.target - 1)
         self.counters["prefix_hit"] += s.computed
@@ -470,6 +472,7 @@ class _Run:
             s = self.swapped[0]
             if self.pool.allocate(s.rid, s.pool_tokens) is None:
                 return
+            s.pool_reserved = s.pool_tokens
             self.swapped.popleft()
             self.swap_used -= s.pool_tokens
             self.counters["swapped"] += s.pool_tokens
@@ -564,7 +567,7 @@ class _Run:
             s.generated = 0  # the outputs are lost too: decode starts over
         s.target = s.req.prompt_len + s.generated
         s.computed = 0
-        s.pool_tokens = 0
+        s.pool_tokens = s.pool_reserved = 0
         s.inserted = 0
         s.positions = np.empty(0, dtype=np.int64)
         self.waiting.appendleft(s)
@@ -653,8 +656,22 @@ class _Run:
             want = -(-want // self.bs) * self.bs
             if want >= s.pool_tokens:
                 return
-        self.pool.truncate(s.rid, want)
+        if want < s.pool_reserved:
+            self.pool.truncate(s.rid, want)
+            s.pool_reserved = want
         s.pool_tokens = want
+
+    def grow(self, s: _Seq, k: int) -> None:
+        """Add ``k`` tokens of KV to ``s``. The pool is told a block at a time: it records
+        tokens up to the end of the last block, so one call serves ``block_size`` decode
+        steps; its block count (the memory) is the same as with one call per token."""
+        new = s.pool_tokens + k
+        if new > s.pool_reserved:
+            end = -(-new // self.bs) * self.bs
+            ok = self.pool.append(s.rid, end - s.pool_reserved)
+            assert ok, "blocks were counted before the step"
+            s.pool_reserved = end
+        s.pool_tokens = new
 
     # -------------------------------------------------------------------- iteration
     def finish_seq(self, s: _Seq) -> None:
@@ -708,9 +725,7 @@ class _Run:
             c * s.computed + c * (c + 1) // 2 for s, c in chunks
         )
         for s in dec:
-            ok = self.pool.append(s.rid, 1)
-            assert ok, "blocks were reserved by preemption"
-            s.pool_tokens += 1
+            self.grow(s, 1)
         dt = self.tm.iteration_time(n_tok, kv_read, pairs) + self.pending_swap_time
         self.pending_swap_time = 0.0
         self.now += dt
@@ -793,9 +808,7 @@ class _Run:
             self.pending += len(run) * k
         finished: list[_Seq] = []
         for s in run:
-            ok = self.pool.append(s.rid, k)
-            assert ok, "blocks were counted before the step"
-            s.pool_tokens += k
+            self.grow(s, k)
             s.generated += k
             if s.generated >= s.req.decode_len:
                 finished.append(s)
