@@ -7,12 +7,21 @@ They are frozen, slotted attrs classes validated when built: a wrong type raises
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import attrs
 from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of
 
 __all__ = ["MemoryBudget", "Request", "SchedulerState", "SequenceView"]
+
+
+def _hashes(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+def _views(value: Iterable[SequenceView]) -> tuple[SequenceView, ...]:
+    return tuple(value)
 
 
 def _finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -41,7 +50,7 @@ class Request:
     """Tenant (client) the request belongs to."""
     priority: int = field(default=0, validator=instance_of(int))
     """Larger is more important."""
-    prefix_hashes: tuple[int, ...] = field(default=(), converter=tuple)
+    prefix_hashes: tuple[int, ...] = field(default=(), converter=_hashes)
     """Chained hashes of the prompt's full blocks, for prefix caching (may be empty)."""
 
     @property
@@ -106,7 +115,7 @@ class SchedulerState:
     """KV tokens resident now."""
     capacity_tokens: int = field(validator=[instance_of(int), ge(1)])
     """KV tokens that fit (the hard budget)."""
-    running: tuple[SequenceView, ...] = field(default=(), converter=tuple)
+    running: tuple[SequenceView, ...] = field(default=(), converter=_views)
     """The running batch."""
 
     @property

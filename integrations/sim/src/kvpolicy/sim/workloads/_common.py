@@ -112,7 +112,7 @@ def assemble(
             prompt_len=prompt,
             decode_len=decode,
             arrival_time=t - t0,
-            prefix_hashes=hashes,  # type: ignore[arg-type]  # kvmodel: converter=tuple
+            prefix_hashes=hashes,
         )
         for t, line, prompt, decode, hashes in rows
     )

@@ -165,7 +165,7 @@ def generate(config: SyntheticConfig, seed: int = 0) -> Workload:
                 arrival_time=t,
                 tenant=tenant.name,
                 priority=tenant.request_priority,
-                prefix_hashes=h,  # type: ignore[arg-type]  # kvmodel: converter=tuple
+                prefix_hashes=h,
             )
         )
         counters[i] += 1

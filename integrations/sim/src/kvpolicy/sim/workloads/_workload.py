@@ -219,7 +219,7 @@ def _clip_to_context(request: Request, context_len: int) -> Request:
         request,
         prompt_len=prompt,
         decode_len=decode,
-        prefix_hashes=hashes,  # type: ignore[arg-type]  # kvmodel: converter=tuple
+        prefix_hashes=hashes,
     )
 
 
