@@ -25,6 +25,17 @@ class TestAttentionModel:
             float(m.weights(pos, 300, z).sum()), rel=1e-12
         )
 
+    def test_defaults_reproduce_the_recorded_shares(self) -> None:
+        """At 288 tokens of context, the sink draws 30% and the 16 newest keys 31% (the
+        SmolLM2-135M statistics in kvpolicy-evict's quality/ATTENTION.md)."""
+        m = AttentionModel()
+        pos = np.arange(288, dtype=np.int64)
+        a = m.weights(pos, 288, np.ones(288))
+        a = a / a.sum()
+        assert a[0] == pytest.approx(0.301, abs=0.01)
+        assert a[-16:].sum() == pytest.approx(0.311, abs=0.01)
+        assert a[-129] == pytest.approx(0.00118, rel=0.1)
+
     def test_scores_have_unit_mean(self) -> None:
         """Heavy-hitter scores average 1."""
         z = AttentionModel().token_scores(np.random.default_rng(2), 200_000)

@@ -495,7 +495,7 @@ class _Run:
                 time=self.now,
                 used_tokens=min(self.used_tokens(), self.e._capacity),
                 capacity_tokens=self.e._capacity,
-                running=self.views(),  # type: ignore[arg-type]
+                running=self.views(),
             )
             n = self.e._admission.admit(state, _WaitingView(self.waiting))
             if isinstance(n, bool) or not isinstance(n, int | np.integer):
@@ -559,7 +559,6 @@ class _Run:
         self.pool.free(s.rid)
         if self.evicting:
             self.resident_total -= len(s.positions)
-            s.z = None
         # Recomputation: the prompt and every output fed back so far are computed again.
         lost = s.computed + (s.generated if s.decoding else 0)
         self.counters["recomputed"] += lost
