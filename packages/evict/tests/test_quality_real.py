@@ -89,6 +89,27 @@ class TestQualityClaims:
         for name in ("sink-window", "h2o", "token-pd"):
             assert ppl[(name, 0.5)] < ppl[(name, 0.25)]
 
+    @pytest.mark.parametrize("budget", [0.25, 0.5])
+    def test_token_pd_beats_h2o(self, ppl: dict[tuple[str, float], float], budget: float) -> None:
+        """Issue 4: Token-PD beats H2O at every budget (measured 20.68 vs 21.20 at 25%,
+        18.83 vs 18.87 at 50%)."""
+        assert ppl[("token-pd", budget)] < ppl[("h2o", budget)]
+
+    def test_token_pd_within_2pct_of_full_at_half(
+        self, ppl: dict[tuple[str, float], float]
+    ) -> None:
+        """Issue 4: Token-PD stays within 2% of the full cache at 50% (measured -0.04%)."""
+        assert ppl[("token-pd", 0.5)] <= 1.02 * ppl[("full", 1.0)]
+
+    def test_sink_window_at_quarter(self, ppl: dict[tuple[str, float], float]) -> None:
+        """Sink+window at 25% costs under 15% perplexity (measured 20.47, +8.7%). The
+        prototype's order (H2O 22.2 better than sink-window 22.4) does not hold on this
+        model: sink-window beats both H2O (21.20) and Token-PD (20.68) at 25%, since
+        SmolLM2 puts ~30% of every query's attention on token 0 and most of the rest on
+        recent tokens (ATTENTION.md), which is exactly what sink+window keeps."""
+        assert ppl[("sink-window", 0.25)] < 1.15 * ppl[("full", 1.0)]
+        assert ppl[("sink-window", 0.25)] < ppl[("h2o", 0.25)]
+
 
 class TestPredictorsOnHeldOutText:
     def test_compact_ranks_returns(self, lm: CausalLM) -> None:
