@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -64,6 +65,14 @@ class TestExports:
         mlp = train_mlp(torch.randn(8, 5), np.full(8, 0.5), epochs=1)
         for p in (ConstantReturnPredictor(), default_compact(), mlp):
             assert isinstance(p, ReturnPredictor)
+
+    def test_mlp_names_say_torch_is_needed(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Without torch, the MLP names raise ImportError naming the extra to install."""
+        monkeypatch.setitem(sys.modules, "torch", None)
+        monkeypatch.delitem(sys.modules, "kvpolicy.evict.predictors._mlp")
+        hint = r"needs torch: pip install 'kvpolicy-evict\[torch\]'"
+        with pytest.raises(ImportError, match=hint):
+            predictors.LogitsMLPPredictor  # noqa: B018
 
 
 class TestConstant:

@@ -51,7 +51,13 @@ _TORCH_NAMES = frozenset({"MLP_HIDDEN", "LogitsMLPPredictor", "load_mlp", "save_
 def __getattr__(name: str) -> Any:
     # torch is an optional extra: the MLP names import it only when first used.
     if name in _TORCH_NAMES:
-        return getattr(importlib.import_module("kvpolicy.evict.predictors._mlp"), name)
+        try:
+            module = importlib.import_module("kvpolicy.evict.predictors._mlp")
+        except ImportError as exc:
+            raise ImportError(
+                f"{name} needs torch: pip install 'kvpolicy-evict[torch]' ({exc})"
+            ) from exc
+        return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
