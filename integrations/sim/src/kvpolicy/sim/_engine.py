@@ -697,7 +697,6 @@ class _Run:
 
     def mixed_step(self) -> None:
         """One iteration with prefill chunks (and any decodes)."""
-        dec = [s for s in self.running if s.decoding]
         self.preempt_until(
             lambda: (
                 self.blocks_for([s for s in self.running if s.decoding], 1)
