@@ -111,6 +111,17 @@ class TestCompare:
         runs = json.loads(out)["runs"]
         assert [r["stack"] for r in runs] == ["vllm", "small"]
 
+    def test_a_stack_that_cannot_fit_stops_everything(self, tmp_path: pathlib.Path) -> None:
+        """The second stack's tiny pool is refused before the first one runs."""
+        p = tmp_path / "tiny.yaml"
+        p.write_text("engine:\n  kv_capacity_tokens: 16\n")
+        code, out = _invoke(
+            "sim", "compare", *_ARGS, "--gpu", "H100-SXM", "--stack", "vllm", "--stack", str(p)
+        )
+        assert code == 2
+        assert "no request fits" in out
+        assert "throughput" not in out
+
 
 class TestSweep:
     def test_grid_on_one_process(self) -> None:

@@ -72,3 +72,13 @@ class TestSweep:
         """An unknown executor lists the known ones."""
         with pytest.raises(ValueError, match="one of local, ray: 'dask'"):
             sweep([], "Llama-3-8B", "H100-SXM", StackConfig(), {}, executor="dask")
+
+
+class TestCheckConfig:
+    def test_counts_rejections(self) -> None:
+        """check_config returns how many requests will be rejected, running nothing."""
+        from kvpolicy.kvmodel import get_gpu, get_model
+        from kvpolicy.sim import check_config
+
+        reqs = [Request("a", 9000, 10), Request("b", 10, 10)]
+        assert check_config(reqs, get_model("Llama-3-8B"), get_gpu("H100-SXM"), StackConfig()) == 1

@@ -33,7 +33,7 @@ from kvpolicy.sim._report import (
     results_json,
     write_report,
 )
-from kvpolicy.sim._simulate import SimResult, simulate
+from kvpolicy.sim._simulate import SimResult, check_config, simulate
 from kvpolicy.sim._stack import (
     ADMISSION_NAMES,
     PREEMPTION_NAMES,
@@ -70,6 +70,7 @@ __all__ = [
     "apply_params",
     "available_parts",
     "build_stack",
+    "check_config",
     "comparison_table",
     "eviction_names",
     "expand_grid",

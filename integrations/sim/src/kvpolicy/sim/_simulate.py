@@ -14,7 +14,7 @@ from kvpolicy.sim._metrics import Summary, summarize
 from kvpolicy.sim._stack import Stack, build_stack
 from kvpolicy.sim._timing import TimingModel
 
-__all__ = ["SimResult", "simulate"]
+__all__ = ["SimResult", "check_config", "simulate"]
 
 
 @frozen(eq=False)
@@ -33,6 +33,44 @@ class SimResult:
     """The figures."""
     record: RunRecord
     """The raw per-request times and time series (for plots)."""
+
+
+def _engine(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    cfg: StackConfig,
+    built: Stack,
+    timing: TimingModel | None,
+    attention: AttentionModel | None,
+    seed: int,
+) -> Engine:
+    return Engine(
+        timing if timing is not None else TimingModel(model, gpu),
+        cfg.engine,
+        admission=built.admission,
+        eviction=built.eviction,
+        eviction_config=cfg.eviction,
+        preemption=built.preemption,
+        preemption_config=cfg.preemption,
+        attention=attention,
+        seed=seed,
+    )
+
+
+def check_config(
+    requests: Sequence[Request], model: ModelSpec, gpu: GPUSpec, config: StackConfig
+) -> int:
+    """Check that ``config`` can serve ``requests`` on ``model``/``gpu``, running nothing.
+
+    Returns:
+        How many requests will be rejected (longer than the context or the KV pool).
+
+    Raises:
+        ConfigError: an unknown policy, an eviction budget below two iterations' tokens,
+            or no request that fits at all.
+    """
+    engine = _engine(model, gpu, config, build_stack(config), None, None, 0)
+    return int(engine.check_fits(tuple(requests)).sum())
 
 
 def simulate(
@@ -68,18 +106,7 @@ def simulate(
     """
     cfg = config if config is not None else StackConfig()
     built = stack if stack is not None else build_stack(cfg)
-    tm = timing if timing is not None else TimingModel(model, gpu)
-    engine = Engine(
-        tm,
-        cfg.engine,
-        admission=built.admission,
-        eviction=built.eviction,
-        eviction_config=cfg.eviction,
-        preemption=built.preemption,
-        preemption_config=cfg.preemption,
-        attention=attention,
-        seed=seed,
-    )
+    engine = _engine(model, gpu, cfg, built, timing, attention, seed)
     record = engine.run(requests, progress=progress)
     return SimResult(
         stack=cfg.name,

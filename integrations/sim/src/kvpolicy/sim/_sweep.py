@@ -19,8 +19,7 @@ from attrs import frozen
 from kvpolicy.kvmodel import Request, get_gpu, get_model
 from kvpolicy.sim._config import StackConfig
 from kvpolicy.sim._errors import ConfigError
-from kvpolicy.sim._simulate import simulate
-from kvpolicy.sim._stack import build_stack
+from kvpolicy.sim._simulate import check_config, simulate
 
 __all__ = ["EXECUTORS", "SweepPoint", "apply_params", "expand_grid", "sweep"]
 
@@ -138,9 +137,9 @@ def sweep(
     get_gpu(gpu_name)
     points = expand_grid(grid)
     configs = [apply_params(base, p) for p in points]
-    for c in configs:
-        build_stack(c)  # every name resolves before any point runs
     reqs = tuple(requests)
+    for c in configs:  # every point is checked before any runs
+        check_config(reqs, get_model(model_name), get_gpu(gpu_name), c)
     if executor == "ray":
         import ray
 

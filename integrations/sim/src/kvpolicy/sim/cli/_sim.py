@@ -125,9 +125,11 @@ def _run_stacks(
     show_progress: bool,
     seed: int,
 ) -> list[Any]:
-    from kvpolicy.sim import build_stack, simulate
+    from kvpolicy.sim import build_stack, check_config, simulate
 
-    built = [build_stack(s) for s in stacks]  # every name resolves before anything runs
+    for cfg in stacks:  # every stack is checked before any runs
+        check_config(w.requests, model, gpu, cfg)
+    built = [build_stack(s) for s in stacks]
     results = []
     for cfg, stack in zip(stacks, built, strict=True):
         with progress_bar(console, f"{cfg.name}", show_progress) as update:
