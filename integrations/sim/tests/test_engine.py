@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpolicy.kvmodel import Request, SchedulerState, get_gpu, get_model
@@ -204,3 +204,45 @@ class TestBadInput:
         """Requests out of arrival order are a ValueError."""
         with pytest.raises(ValueError, match="sorted by arrival_time"):
             Engine(tm, EngineConfig()).run([kit.request(0, t=1.0), kit.request(1, t=0.0)])
+
+
+class TestInvariants:
+    # ``kit`` only hands out factories and classes, so sharing it across examples is safe.
+    @settings(
+        max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(
+        rows=st.lists(
+            st.tuples(st.integers(1, 200), st.integers(1, 120), st.floats(0, 0.2)),
+            min_size=1,
+            max_size=10,
+        ),
+        mode=st.sampled_from(["recompute", "swap", "restart"]),
+        evicting=st.booleans(),
+        block_size=st.sampled_from([1, 16]),
+    )
+    def test_every_request_finishes_within_memory(
+        self,
+        kit: SimpleNamespace,
+        rows: list[tuple[int, int, float]],
+        mode: str,
+        evicting: bool,
+        block_size: int,
+    ) -> None:
+        """Under a small pool, any mode, with or without eviction: every request that fits
+        finishes, the budget holds, and the pool is empty at the end."""
+        rows = sorted(rows, key=lambda r: r[2])
+        reqs = [Request(f"r{i}", p, d, t) for i, (p, d, t) in enumerate(rows)]
+        tm = TimingModel(get_model("Llama-3-8B"), get_gpu("H100-SXM"))
+        rec = Engine(
+            tm,
+            EngineConfig(block_size=block_size, kv_capacity_tokens=1024, token_budget=128),
+            eviction=kit.FifoEviction() if evicting else None,
+            eviction_config=EvictionConfig(budget_fraction=0.5, interval=4),
+            preemption_config=PreemptionConfig(mode=mode, cpu_swap_bytes=2**40),
+        ).run(reqs)
+        assert np.isfinite(rec.finish[~rec.rejected]).all()
+        assert rec.series_kv_tokens[-1] == 0
+        assert int(rec.series_kv_tokens.max()) <= rec.capacity_tokens
+        if evicting:
+            assert int(rec.series_resident.max()) <= 512
