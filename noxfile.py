@@ -141,3 +141,20 @@ def tests_gpu(session: nox.Session) -> None:
         _install(session, name)
     session.install(*TEST_DEPS)
     session.run("pytest", "packages", "-m", "gpu", *session.posargs)
+
+
+@nox.session
+def ray(session: nox.Session) -> None:
+    """Parameter sweeps of the simulator on a local Ray cluster (``-m ray``)."""
+    _install(session, "sim", "[ray]")
+    session.install(*TEST_DEPS)
+    session.run("pytest", str(DIST_DIRS["sim"] / "tests"), "-m", "ray", *session.posargs)
+
+
+@nox.session
+def traces(session: nox.Session) -> None:
+    """Checks against the public traces in ../shared/traces, slow ones included (``-m traces``)."""
+    _install(session, "sim")
+    session.install(*TEST_DEPS)
+    dirs = [str(DIST_DIRS[n] / "tests") for n in ("admit", "evict", "sim")]
+    session.run("pytest", *dirs, "-m", "traces and not gpu and not quality", *session.posargs)

@@ -67,7 +67,13 @@ def load_workload(
         raise click.UsageError("give exactly one of --workload NAME or --trace PATH")
     if trace is not None:
         w = wl.load_trace(
-            trace, fmt, skip_bad=skip_bad, limit=limit, block_size=block_size, rate=rate
+            trace,
+            fmt,
+            skip_bad=skip_bad,
+            limit=limit,
+            block_size=block_size,
+            rate=rate,
+            seed=seed,
         )
         if w.skipped_rows:
             click.echo(f"skipped {w.skipped_rows} malformed rows of {trace}", err=True)
@@ -92,9 +98,9 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--workload", default=None, help="Workload name (e.g. multi-tenant)."),
         click.option(
             "--trace",
-            type=click.Path(path_type=pathlib.Path, dir_okay=False),
+            type=click.Path(path_type=pathlib.Path, exists=True),
             default=None,
-            help="Trace file to replay.",
+            help="Trace file (a folder for servegen) to replay.",
         ),
         click.option(
             "--format",
