@@ -176,3 +176,22 @@ class TestRateLimited:
         r = simulate(w, steps=3000, mode="integer", policy="rate-limited", seed=3)
         assert float(r.evicted.sum()) == 0.0
         assert float(np.mean(r.completed[1500:])) > 0.85 * eviction_free_rate(w)
+
+
+class TestMixMoments:
+    def test_suffix_sum_form_matches_class_by_age_matrix(self) -> None:
+        """The O(n + max l1) variance equals the direct sum over a class-by-age matrix."""
+        from kvpolicy.admit._policies import _mix_moments
+
+        rng = np.random.default_rng(7)
+        l0 = rng.integers(1, 3000, 64)
+        l1 = rng.integers(1, 700, 64)
+        weights = rng.random(64)
+        weights /= weights.sum()
+        ages = np.arange(int(l1.max()))
+        w = np.where(ages[None, :] < l1[:, None], l0[:, None] + 1.0 + ages[None, :], 0.0)
+        direct = float(np.sum(weights @ (w * w) - (weights @ w) ** 2))
+        mean_c, var, peak, longest = _mix_moments(l0, l1, weights)
+        assert var == pytest.approx(direct, rel=1e-9)
+        assert mean_c == pytest.approx(float(weights @ (l1 * (l0 + (l1 + 1) / 2.0))))
+        assert (peak, longest) == (float(np.max(l0 + l1)), float(np.max(l1)))

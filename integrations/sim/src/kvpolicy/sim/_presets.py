@@ -22,17 +22,16 @@ STACK_PRESETS: dict[str, StackConfig] = {
     "vllm": StackConfig(name="vllm"),
     "kvpolicy": StackConfig(
         name="kvpolicy",
-        admission=AdmissionConfig(name="rate-limited", params={"window": 64}),
+        admission=AdmissionConfig(name="rate-limited"),
         eviction=EvictionConfig(name="token-pd", budget_fraction=0.5),
         preemption=PreemptionConfig(name="least-progressed-first"),
     ),
 }
 """``vllm``: admit while blocks last, last-in preemption by recomputation, no token
 eviction, prefix caching on (vLLM's defaults). ``kvpolicy``: rate-limited admission (seed
-002 §5.1) estimating the length mix over the last 64 completions, Token-PD eviction to half
-the pool (seed 000) and least-progressed-first preemption. The window is shorter than
-kvpolicy-admit's default (512) because that policy recomputes its mix moments at every
-completion in time proportional to the window, which dominated whole runs."""
+002 §5.1) estimating the length mix online from completions (kvpolicy-admit's default
+window), Token-PD eviction to half the pool (seed 000) and least-progressed-first
+preemption."""
 
 
 def get_stack(name_or_path: str | pathlib.Path) -> StackConfig:

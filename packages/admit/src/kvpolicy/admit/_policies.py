@@ -102,9 +102,24 @@ def _mix_moments(
     """
     c = l1 * (l0 + (l1 + 1) / 2.0)
     mean_c = float(np.dot(weights, c))
-    ages = np.arange(int(l1.max()))
-    w = np.where(ages[None, :] < l1[:, None], l0[:, None] + 1.0 + ages[None, :], 0.0)
-    var = float(np.sum(weights @ (w * w) - (weights @ w) ** 2))
+    # sum_j E[w(j)^2]: each class contributes the squares of l0+1 .. l0+l1, in closed form.
+    a = l0.astype(np.float64)
+    b = a + l1
+
+    def sum_sq(n: NDArray[np.float64]) -> NDArray[np.float64]:
+        return n * (n + 1.0) * (2.0 * n + 1.0) / 6.0
+
+    e_w2 = float(np.dot(weights, sum_sq(b) - sum_sq(a)))
+    # sum_j E[w(j)]^2 with E[w(j)] = A(j) + j B(j), where A and B sum p (l0 + 1) and p over
+    # the classes still alive at age j (l1 > j): suffix sums over decode lengths, so the cost
+    # is O(n + max l1) rather than the O(n · max l1) of a class-by-age matrix.
+    longest = int(l1.max())
+    ends_a = np.bincount(l1, weights=weights * (a + 1.0), minlength=longest + 1)
+    ends_b = np.bincount(l1, weights=weights, minlength=longest + 1)
+    alive_a = np.cumsum(ends_a[::-1])[::-1][1:]
+    alive_b = np.cumsum(ends_b[::-1])[::-1][1:]
+    mean_w = alive_a + np.arange(longest) * alive_b
+    var = e_w2 - float(np.dot(mean_w, mean_w))
     return mean_c, max(var, 0.0), float(np.max(l0 + l1)), float(np.max(l1))
 
 
