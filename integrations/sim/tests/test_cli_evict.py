@@ -87,3 +87,11 @@ class TestEvalRealModel:
             ("sink-window", 0.5, 32),
         ]
         assert all(1.0 < r["perplexity"] < 1000.0 for r in rows)
+
+    def test_table_output(self) -> None:
+        """Without --json the command prints a table with one row per result."""
+        result = run("eval", "--policy", "full,h2o", "--budget", "0.5", "--tokens", "32")
+        assert result.exit_code == 0, result.output
+        assert "Perplexity of SmolLM2" in result.stdout
+        assert "│ h2o" in result.stdout
+        assert "│ full" in result.stdout
