@@ -95,3 +95,13 @@ class TestEvalRealModel:
         assert "Perplexity of SmolLM2" in result.stdout
         assert "│ h2o" in result.stdout
         assert "│ full" in result.stdout
+
+    def test_stats_json(self) -> None:
+        """``stats --json`` prints the attention statistics: one sink, decay, heavy hitters."""
+        result = run("stats", "--tokens", "128", "--json")
+        assert result.exit_code == 0, result.output
+        stats = json.loads(result.stdout)
+        assert stats["tokens"] == 128.0
+        assert stats["layers"] == 30.0
+        assert 0.0 < stats["sink_mass_first_token"] <= stats["sink_mass_first_4"] <= 1.0
+        assert stats["per_query_top_1pct_mass"] <= stats["per_query_top_10pct_mass"] <= 1.0
