@@ -105,3 +105,18 @@ class TestEvalRealModel:
         assert stats["layers"] == 30.0
         assert 0.0 < stats["sink_mass_first_token"] <= stats["sink_mass_first_4"] <= 1.0
         assert stats["per_query_top_1pct_mass"] <= stats["per_query_top_10pct_mass"] <= 1.0
+
+    def test_train_from_an_empty_cache(
+        self, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``train`` converts the model, records returns, trains and caches the logits MLP."""
+        from kvpolicy.evict.predictors import load_mlp
+
+        monkeypatch.setenv("KVPOLICY_CACHE_DIR", str(tmp_path))
+        out = tmp_path / "compact.json"
+        result = run("train", "--max-tokens", "400", "--epochs", "1", "--compact-out", str(out))
+        assert result.exit_code == 0, result.output
+        checkpoint = tmp_path / "predictors" / "smollm2-135m-instruct-logits-mlp.pt"
+        assert f"logits MLP: {checkpoint}" in result.stdout
+        assert load_mlp(checkpoint, vocab_size=49152).vocab_size == 49152
+        assert json.loads(out.read_text())["format"] == "kvpolicy-compact-return"

@@ -231,6 +231,8 @@ def train(max_tokens: int, epochs: int, compact_out: pathlib.Path | None) -> Non
         return record
 
     path = mlp_checkpoint_path(lm)
+    if not path.exists() or compact_out is not None:
+        recorded()  # with its own progress bar, before the status spinner below
     with console.status(f"logits MLP ({epochs} epochs) -> {path}"):
         load_or_train_mlp(lm, recorded, epochs=epochs)
     click.echo(f"logits MLP: {path}")
