@@ -96,11 +96,14 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over every distribution's sources."""
     session.install(TORCH)
+    targets = []
     for name in PACKAGES:
         meta = tomllib.loads((DIST_DIRS[name] / "pyproject.toml").read_text())
         extras = meta["project"].get("optional-dependencies", {})
         suffix = "[" + ",".join(sorted(extras)) + "]" if extras else ""
-        session.install(f"{DIST_DIRS[name]}{suffix}")
+        targets.append(f"{DIST_DIRS[name]}{suffix}")
+    # One pip call, so the kvpolicy distributions resolve against each other.
+    session.install(*targets)
     session.install("mypy>=1.10", "types-PyYAML", *TEST_DEPS)
     srcs = [str(DIST_DIRS[n] / "src" / "kvpolicy") for n in PACKAGES]
     session.run("mypy", *(session.posargs or srcs))
