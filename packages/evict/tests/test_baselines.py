@@ -47,6 +47,16 @@ class TestLRU:
         assert _evicted(p.evict(2)) == {"a": [1, 3], "b": [0, 1]}
         assert p.resident_positions("a").tolist() == [0, 2]
 
+    def test_default_refreshes_only_above_average_attention(self) -> None:
+        """By default a token is used only when it gets more than the mean attention."""
+        p = LRUPolicy()
+        p.insert("a", np.arange(4))
+        p.observe("a", np.arange(4), np.array([0.7, 0.1, 0.1, 0.1]))
+        assert _evicted(p.evict(1)) == {"a": [1, 2, 3]}
+        fifo = FIFOPolicy()
+        fifo.insert("a", np.arange(4))
+        assert _evicted(fifo.evict(1)) == {"a": [0, 1, 2]}
+
     def test_threshold_is_validated(self) -> None:
         """A negative or NaN threshold raises ValueError, a string TypeError."""
         with pytest.raises(ValueError, match="'access_threshold'"):

@@ -31,12 +31,16 @@ class FIFOPolicy(ScoredPolicy):
 class LRUPolicy(ScoredPolicy):
     """Least recently used across every stream.
 
-    A token is *used* when it is inserted and whenever :meth:`observe` reports attention
-    above ``access_threshold`` for it. Each use takes the next value of a counter, so the
-    order is exact: among tokens used in one call, lower positions count as used first.
+    A token is *used* when it is inserted and whenever :meth:`observe` reports for it more
+    than ``access_threshold`` times the mean attention of the positions observed in that
+    call. Softmax gives every cached token some attention at every step, so an absolute
+    threshold of 0 would refresh every token and make LRU the same as FIFO; the default 1.0
+    counts above-average attention as a use (0 restores "any attention"). Each use takes the
+    next value of a counter, so the order is exact: among tokens used in one call, lower
+    positions count as used first.
     """
 
-    def __init__(self, access_threshold: float = 0.0) -> None:
+    def __init__(self, access_threshold: float = 1.0) -> None:
         if isinstance(access_threshold, bool) or not isinstance(access_threshold, int | float):
             raise TypeError(f"'access_threshold' must be a float: {access_threshold!r}")
         if not math.isfinite(access_threshold) or access_threshold < 0:
@@ -56,7 +60,9 @@ class LRUPolicy(ScoredPolicy):
         return self._tick(slots.size)
 
     def _on_observe(self, slots: NDArray[np.int64], attention: NDArray[np.float64]) -> None:
-        used = slots[attention > self._threshold]
+        if attention.size == 0:
+            return
+        used = slots[attention > self._threshold * float(attention.mean())]
         if used.size:
             used = used[np.argsort(self._pos[used], kind="stable")]
             self._set_raw(used, self._tick(used.size))
