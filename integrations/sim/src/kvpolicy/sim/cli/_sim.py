@@ -187,27 +187,21 @@ def run(
     as_json: bool,
 ) -> None:
     """Simulate one policy stack on a workload or a trace."""
-    from kvpolicy.sim import get_stack
-
-    console = Console(stderr=True)
-    m, g = _specs(model, gpu)
-    try:
-        cfg = get_stack(stack)
-        w = load_workload(
-            workload,
-            trace,
-            fmt,
-            skip_bad=skip_bad,
-            limit=limit,
-            rate=rate,
-            block_size=cfg.engine.block_size,
-            num_requests=num_requests,
-            seed=seed,
-        )
-        results = _run_stacks([cfg], w, m, g, console, not as_json, seed)
-    except _ERRORS as exc:
-        raise click.UsageError(str(exc)) from exc
-    _emit(results, report, as_json, f"{w.name}: {m.name} on {g.name}")
+    _compare_stacks(
+        (stack,),
+        workload,
+        trace,
+        fmt,
+        skip_bad,
+        limit,
+        rate,
+        num_requests,
+        seed,
+        model,
+        gpu,
+        report,
+        as_json,
+    )
 
 
 @group.command("compare")
@@ -238,6 +232,39 @@ def compare(
     as_json: bool,
 ) -> None:
     """Simulate several policy stacks on one workload, side by side."""
+    _compare_stacks(
+        stacks,
+        workload,
+        trace,
+        fmt,
+        skip_bad,
+        limit,
+        rate,
+        num_requests,
+        seed,
+        model,
+        gpu,
+        report,
+        as_json,
+    )
+
+
+def _compare_stacks(
+    stacks: tuple[str, ...],
+    workload: str | None,
+    trace: pathlib.Path | None,
+    fmt: str | None,
+    skip_bad: bool,
+    limit: int | None,
+    rate: float | None,
+    num_requests: int | None,
+    seed: int,
+    model: str,
+    gpu: str,
+    report: pathlib.Path | None,
+    as_json: bool,
+) -> None:
+    """Load the workload once, simulate each stack on it, then print and report."""
     from kvpolicy.sim import get_stack
 
     console = Console(stderr=True)
