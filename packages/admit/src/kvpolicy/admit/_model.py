@@ -421,17 +421,29 @@ class _FluidRun:
             out[:, n] = (e.used, total, evicted, float(done.sum()), float(self.queue.sum()))
             if stages is not None:
                 stages[n] = e.stage_view().sum(axis=0)
-        return SimulationResult(
-            workload=w,
-            mode="fluid",
-            policy=self.name,
-            memory=out[0],
-            admitted=out[1],
-            evicted=out[2],
-            completed=out[3],
-            queue=out[4],
-            stages=stages,
-        )
+        return _result(w, "fluid", self.name, out, stages)
+
+
+def _result(
+    w: Workload,
+    mode: Literal["fluid", "integer"],
+    policy: str,
+    out: NDArray[np.float64],
+    stages: NDArray[np.float64] | None,
+) -> SimulationResult:
+    """A :class:`SimulationResult` from the (5, steps) per-step rows
+    (memory, admitted, evicted, completed, queue)."""
+    return SimulationResult(
+        workload=w,
+        mode=mode,
+        policy=policy,
+        memory=out[0],
+        admitted=out[1],
+        evicted=out[2],
+        completed=out[3],
+        queue=out[4],
+        stages=stages,
+    )
 
 
 def _saturated_fluid(workload: Workload, steps: int, cap: float, name: str) -> SimulationResult:
@@ -615,17 +627,7 @@ class _IntegerRun:
             out[:, n] = (e.used, float(masses.sum()), evicted, float(done.sum()), waiting)
             if stages is not None:
                 stages[n] = e.stage_view().sum(axis=0)
-        return SimulationResult(
-            workload=w,
-            mode="integer",
-            policy=self.name,
-            memory=out[0],
-            admitted=out[1],
-            evicted=out[2],
-            completed=out[3],
-            queue=out[4],
-            stages=stages,
-        )
+        return _result(w, "integer", self.name, out, stages)
 
 
 class _QueueView(Sequence[Request]):
