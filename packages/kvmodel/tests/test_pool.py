@@ -181,3 +181,52 @@ class TestTruncate:
         pool.allocate("a", 3)
         with pytest.raises(ValueError, match="'num_tokens' must be <= 3"):
             pool.truncate("a", 4)
+
+
+class TestDroppedHashes:
+    def test_reused_cached_blocks_are_reported_once_in_order(self) -> None:
+        """A cached block taken for new content reports its hash, once; the tail block of a
+        freed request is reused first (freed in reverse, as vLLM does)."""
+        pool = BlockPool(2, 4, record_dropped=True)
+        hashes = chain_block_hashes(list(range(8)), 4)
+        assert pool.allocate("a", 8, hashes) is not None
+        pool.free("a")
+        assert pool.pop_dropped_hashes() == []
+        assert pool.allocate("b", 8) is not None
+        assert pool.pop_dropped_hashes() == list(reversed(hashes))
+        assert pool.pop_dropped_hashes() == []
+
+    def test_not_recorded_by_default(self) -> None:
+        """Without ``record_dropped`` the pool keeps no list of drops."""
+        pool = BlockPool(1, 4)
+        assert pool.allocate("a", 4, chain_block_hashes([1, 2, 3, 4], 4)) is not None
+        pool.free("a")
+        assert pool.allocate("b", 4) is not None
+        assert pool.pop_dropped_hashes() == []
+
+    def test_truncation_is_not_a_drop(self) -> None:
+        """A block invalidated by truncate is not offered as a dropped prefix."""
+        pool = BlockPool(2, 4, record_dropped=True)
+        assert pool.allocate("a", 4, chain_block_hashes([1, 2, 3, 4], 4)) is not None
+        pool.truncate("a", 2)
+        assert pool.pop_dropped_hashes() == []
+
+
+class TestCachedPrefixBlocks:
+    def test_counts_the_leading_run(self) -> None:
+        """Only the run from the first block counts, and the query changes nothing."""
+        pool = make_pool(8, 4)
+        hashes = chain_block_hashes(list(range(12)), 4)
+        assert pool.allocate("a", 8, hashes[:2]) is not None
+        before = pool.stats()
+        assert pool.cached_prefix_blocks(hashes) == 2
+        assert pool.cached_prefix_blocks(hashes[1:]) == 1
+        assert pool.cached_prefix_blocks([99, *hashes]) == 0
+        assert pool.stats() == before
+
+    def test_zero_without_prefix_caching(self) -> None:
+        """A pool without prefix caching never reports cached blocks."""
+        pool = BlockPool(4, 4, enable_prefix_caching=False)
+        hashes = chain_block_hashes(list(range(8)), 4)
+        assert pool.allocate("a", 8, hashes) is not None
+        assert pool.cached_prefix_blocks(hashes) == 0

@@ -23,9 +23,18 @@ from kvpolicy.kvmodel._protocols import (
     CompletionObserver,
     EvictionPolicy,
     PreemptionPolicy,
+    PrefixStore,
+    RequestGate,
 )
 from kvpolicy.kvmodel._specs import KV_DTYPE_BYTES, GPUSpec, ModelSpec, kv_dtype_bytes
-from kvpolicy.kvmodel._types import MemoryBudget, Request, SchedulerState, SequenceView
+from kvpolicy.kvmodel._types import (
+    GateDecision,
+    MemoryBudget,
+    Request,
+    SchedulerState,
+    SequenceView,
+    TierFetch,
+)
 from kvpolicy.kvmodel._utilisation import (
     UtilisationPoint,
     naive_utilisation,
@@ -46,14 +55,18 @@ __all__ = [
     "CompletionObserver",
     "EvictionPolicy",
     "GPUSpec",
+    "GateDecision",
     "KVModelError",
     "MemoryBudget",
     "ModelSpec",
     "PoolStats",
     "PreemptionPolicy",
+    "PrefixStore",
     "Request",
+    "RequestGate",
     "SchedulerState",
     "SequenceView",
+    "TierFetch",
     "UnknownPresetError",
     "UtilisationPoint",
     "__version__",

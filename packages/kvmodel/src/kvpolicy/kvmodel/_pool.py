@@ -106,6 +106,8 @@ class BlockPool:
         num_blocks: blocks in the pool (> 0).
         block_size: tokens per block (> 0).
         enable_prefix_caching: keep hashes of full prompt blocks for reuse.
+        record_dropped: remember the hashes of cached blocks that are reused for other
+            content, for :meth:`pop_dropped_hashes` (to offload them to a lower tier).
     """
 
     __slots__ = (
@@ -114,6 +116,7 @@ class BlockPool:
         "_cached",
         "_content",
         "_counters",
+        "_dropped",
         "_fill",
         "_free",
         "_num_blocks",
@@ -124,7 +127,12 @@ class BlockPool:
     )
 
     def __init__(
-        self, num_blocks: int, block_size: int = 16, *, enable_prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        enable_prefix_caching: bool = True,
+        record_dropped: bool = False,
     ) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -143,6 +151,7 @@ class BlockPool:
         self._block_hash: dict[int, int] = {}
         self._cached: dict[int, int] = {}  # hash -> block id
         self._counters = {"queries": 0, "hits": 0, "failed": 0, "cow": 0}
+        self._dropped: list[int] | None = [] if record_dropped else None
 
     # ------------------------------------------------------------------ queries
     @property
@@ -193,6 +202,27 @@ class BlockPool:
         for b in self._table(request_id):
             out.extend(self._content[b] or [])
         return out
+
+    def pop_dropped_hashes(self) -> list[int]:
+        """Hashes of cached blocks reused for other content since the last call, oldest first.
+
+        Empty unless the pool was built with ``record_dropped=True``.
+        """
+        if not self._dropped:
+            return []
+        out, self._dropped[:] = list(self._dropped), []
+        return out
+
+    def cached_prefix_blocks(self, prefix_hashes: Sequence[int]) -> int:
+        """Leading blocks of ``prefix_hashes`` held in the prefix cache now (a pure query)."""
+        if not self._prefix_caching:
+            return 0
+        n = 0
+        for h in prefix_hashes:
+            if h not in self._cached:
+                break
+            n += 1
+        return n
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that ``num_tokens`` tokens occupy: ``ceil(num_tokens / block_size)``."""
@@ -456,7 +486,7 @@ class BlockPool:
 
     def _pop_free(self) -> int:
         block, _ = self._free.popitem(last=False)
-        self._unregister(block)
+        self._unregister(block, reused=True)
         self._fill[block] = 0
         self._content[block] = None
         self._ref[block] = 1
@@ -467,10 +497,12 @@ class BlockPool:
             self._cached[block_hash] = block
             self._block_hash[block] = block_hash
 
-    def _unregister(self, block: int) -> None:
+    def _unregister(self, block: int, *, reused: bool = False) -> None:
         h = self._block_hash.pop(block, None)
         if h is not None:
             del self._cached[h]
+            if reused and self._dropped is not None:
+                self._dropped.append(h)
 
     def iter_owned(self) -> Iterable[tuple[str, tuple[int, ...]]]:
         """``(request_id, block table)`` for every request (for checks and reports)."""

@@ -16,13 +16,15 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from kvpolicy.kvmodel._types import Request, SchedulerState, SequenceView
+from kvpolicy.kvmodel._types import GateDecision, Request, SchedulerState, SequenceView, TierFetch
 
 __all__ = [
     "AdmissionPolicy",
     "CompletionObserver",
     "EvictionPolicy",
     "PreemptionPolicy",
+    "PrefixStore",
+    "RequestGate",
 ]
 
 
@@ -112,4 +114,43 @@ class EvictionPolicy(Protocol):
 
     def resident_tokens(self) -> int:
         """Tokens resident across every stream."""
+        ...
+
+
+@runtime_checkable
+class RequestGate(Protocol):
+    """Admission at the gateway, before a request reaches the server (seed 004).
+
+    The gate answers each arriving request with a :class:`GateDecision` and learns when an
+    admitted request finishes, so that what it promised (tokens/s, KV bytes, concurrency) is
+    released. A denied request holds nothing.
+    """
+
+    def check(self, request: Request, time: float) -> GateDecision:
+        """Admit ``request`` arriving at ``time`` (seconds), or deny it with a Retry-After."""
+        ...
+
+    def release(self, request: Request, time: float) -> None:
+        """Record that the admitted ``request`` finished (or was abandoned) at ``time``."""
+        ...
+
+
+@runtime_checkable
+class PrefixStore(Protocol):
+    """KV prefix blocks kept below HBM (DRAM, disk) after the GPU's prefix cache drops them.
+
+    Blocks are named by their chained prefix hashes (:func:`chain_block_hashes`), so a block
+    stands for its whole prefix and a lookup is a run from the first block.
+    """
+
+    def offload(self, block_hashes: Sequence[int], time: float) -> None:
+        """Offer blocks that HBM's prefix cache just dropped; the store may keep or refuse them."""
+        ...
+
+    def fetch(self, block_hashes: Sequence[int], time: float) -> TierFetch:
+        """The leading run of ``block_hashes`` held below HBM, loaded back into HBM at ``time``.
+
+        The caller asks only for the blocks HBM misses; the blocks found are promoted (the
+        store may keep its copies) and their transfer time is returned.
+        """
         ...

@@ -13,7 +13,14 @@ import attrs
 from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of
 
-__all__ = ["MemoryBudget", "Request", "SchedulerState", "SequenceView"]
+__all__ = [
+    "GateDecision",
+    "MemoryBudget",
+    "Request",
+    "SchedulerState",
+    "SequenceView",
+    "TierFetch",
+]
 
 
 def _hashes(value: Iterable[int]) -> tuple[int, ...]:
@@ -122,3 +129,38 @@ class SchedulerState:
     def free_tokens(self) -> int:
         """Capacity left now (never negative)."""
         return max(0, self.capacity_tokens - self.used_tokens)
+
+
+@frozen
+class GateDecision:
+    """A gateway's answer to one request: admit it, or deny it (HTTP 429) with a Retry-After.
+
+    A denied request carries the seconds after which the client should try again and the
+    check that denied it, so a client (real or simulated) can back off and a report can say
+    why.
+    """
+
+    admitted: bool = field(validator=instance_of(bool))
+    """Whether the request may go on to the server."""
+    retry_after: float = field(default=0.0, converter=float, validator=[_finite, ge(0.0)])
+    """Seconds the client should wait before retrying (0 when admitted)."""
+    reason: str = field(default="", validator=instance_of(str))
+    """The check that denied the request (empty when admitted), e.g. ``"concurrency"``."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.admitted and self.retry_after != 0.0:
+            raise ValueError(f"'retry_after' must be 0 for an admitted request: {self.retry_after}")
+        if not self.admitted and not self.reason:
+            raise ValueError("'reason' must name the check that denied the request")
+
+
+@frozen
+class TierFetch:
+    """What the tiers below HBM hold of a prompt's prefix, and the cost of bringing it back."""
+
+    blocks: int = field(default=0, validator=[instance_of(int), ge(0)])
+    """Leading blocks found (a run from the first block asked for; stops at the first miss)."""
+    seconds: float = field(default=0.0, converter=float, validator=[_finite, ge(0.0)])
+    """Transfer time of those blocks into HBM, in seconds."""
+    tier: str = field(default="", validator=instance_of(str))
+    """Name of the slowest tier the blocks came from (empty when nothing was found)."""
