@@ -1,7 +1,74 @@
-"""kvpolicy-tenancy."""
+"""kvpolicy-tenancy: token pools (seed 004) as a library.
+
+Entitlements in tokens/s, KV bytes and concurrency; five service classes; the priority
+formula with SLO, burst and debt terms; the ordered admission checks of a gateway with a
+Retry-After from the capacity model; state stores.
+"""
 
 from __future__ import annotations
 
 from kvpolicy.tenancy.__about__ import __version__
+from kvpolicy.tenancy._classes import (
+    DEDICATED,
+    ELASTIC,
+    GUARANTEED,
+    PREEMPTIBLE,
+    SERVICE_CLASSES,
+    SPOT,
+    ServiceClass,
+    service_class,
+)
+from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool
+from kvpolicy.tenancy._errors import ManifestError, TenancyError, UnknownRequestError
+from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
+from kvpolicy.tenancy._manifest import dump_manifest, load_manifest
+from kvpolicy.tenancy._math import (
+    PriorityCoefficients,
+    burst_intensity,
+    ewma,
+    priority_weight,
+    retry_after,
+    service_gap,
+    update_debt,
+)
+from kvpolicy.tenancy._store import (
+    EntitlementState,
+    Holding,
+    InMemoryStateStore,
+    PoolState,
+    StateStore,
+)
 
-__all__ = ["__version__"]
+__all__ = [
+    "DEDICATED",
+    "ELASTIC",
+    "GUARANTEED",
+    "PREEMPTIBLE",
+    "SERVICE_CLASSES",
+    "SPOT",
+    "EntitlementState",
+    "GateConfig",
+    "Holding",
+    "InMemoryStateStore",
+    "ManifestError",
+    "PoolState",
+    "PriorityCoefficients",
+    "Resources",
+    "ServiceClass",
+    "StateStore",
+    "TenancyError",
+    "TokenEntitlement",
+    "TokenPool",
+    "TokenPoolGate",
+    "UnknownRequestError",
+    "__version__",
+    "burst_intensity",
+    "dump_manifest",
+    "ewma",
+    "load_manifest",
+    "priority_weight",
+    "retry_after",
+    "service_class",
+    "service_gap",
+    "update_debt",
+]

@@ -1,0 +1,189 @@
+"""Token pools and entitlements in seed 004's three inference-native dimensions (§3.1)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+from attrs.validators import instance_of, min_len
+
+from kvpolicy.tenancy._classes import ServiceClass, service_class
+
+__all__ = ["Resources", "TokenEntitlement", "TokenPool"]
+
+
+def _positive_finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"'{attribute.name}' must be finite and > 0: {value!r}")
+
+
+def _positive_int(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"'{attribute.name}' must be int: {value!r}")
+    if value <= 0:
+        raise ValueError(f"'{attribute.name}' must be > 0: {value!r}")
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"must be a number: {value!r}")
+    return float(value)
+
+
+@frozen
+class Resources:
+    """An amount of capacity in the three dimensions of seed 004 §3.1.
+
+    Used for a pool's capacity ``(Lambda_p, X_p, R_p)`` and for an entitlement's baseline
+    ``(lambda_e, chi_e, r_e)`` and burst limits.
+    """
+
+    tokens_per_s: float = field(converter=_number, validator=_positive_finite)
+    """Token throughput ``lambda`` in tokens per second (input plus output tokens)."""
+    kv_bytes: int = field(validator=_positive_int)
+    """KV-cache capacity ``chi`` in bytes."""
+    concurrency: int = field(validator=_positive_int)
+    """Active sequences ``r`` (decode slots)."""
+
+    def fits_in(self, other: Resources) -> bool:
+        """Whether every dimension is at most ``other``'s."""
+        return (
+            self.tokens_per_s <= other.tokens_per_s
+            and self.kv_bytes <= other.kv_bytes
+            and self.concurrency <= other.concurrency
+        )
+
+
+def _to_class(value: str | ServiceClass) -> ServiceClass:
+    return service_class(value)
+
+
+def _is_resources(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, Resources):
+        raise TypeError(f"'{attribute.name}' must be Resources: {value!r}")
+
+
+@frozen
+class TokenEntitlement:
+    """One tenant's right to a token pool's capacity (seed 004 §3.1-§3.2, the
+    ``TokenEntitlement`` resource of §4.2).
+
+    A gateway does not know how many tokens a request will generate, so it charges each
+    request ``prompt_len + max_output_tokens`` tokens and that many tokens of KV (the
+    ``max_tokens`` default of §4.3 check 2).
+    """
+
+    tenant: str = field(validator=[instance_of(str), min_len(1)])  # type: ignore[arg-type]
+    """Tenant name; requests carry it in ``Request.tenant``."""
+    service_class: ServiceClass = field(converter=_to_class)
+    """Service class ``kappa_e`` (a :class:`ServiceClass` or its name)."""
+    baseline: Resources = field(validator=_is_resources)
+    """Baseline ``(lambda_e, chi_e, r_e)``: reserved for dedicated and guaranteed, honoured over
+    time for elastic, a plain cap for spot and preemptible (which have no guarantee)."""
+    burst: Resources | None = field(default=None, validator=_is_resources)
+    """Burst limits, at least the baseline in every dimension; ``None`` means the baseline.
+    Classes that cannot burst (guaranteed) must leave it ``None`` or equal to the baseline."""
+    slo_target_s: float = field(default=1.0, converter=_number, validator=_positive_finite)
+    """SLO latency target ``l*_e`` in seconds (tighter targets raise priority, eq. 1)."""
+    max_output_tokens: int = field(default=256, validator=_positive_int)
+    """Output tokens charged per request at admission (the request's ``max_tokens``)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.burst is None:
+            return
+        if not self.baseline.fits_in(self.burst):
+            raise ValueError(
+                f"'burst' must be at least 'baseline' in every dimension: {self.burst!r} "
+                f"< {self.baseline!r}"
+            )
+        if not self.service_class.can_burst and self.burst != self.baseline:
+            raise ValueError(
+                f"'burst' must equal 'baseline' for service class "
+                f"{self.service_class.name!r}, which cannot burst: {self.burst!r}"
+            )
+
+    @property
+    def limits(self) -> Resources:
+        """What the entitlement may hold at most: its burst limits, or its baseline."""
+        return self.baseline if self.burst is None else self.burst
+
+    def request_tokens(self, prompt_len: int) -> int:
+        """Tokens charged at admission: ``prompt_len + max_output_tokens`` (§3.1 cost)."""
+        return prompt_len + self.max_output_tokens
+
+
+def _entitlements(value: Iterable[TokenEntitlement]) -> tuple[TokenEntitlement, ...]:
+    return tuple(value)
+
+
+@frozen
+class TokenPool:
+    """A pool's capacity and the entitlements bound to it (the ``TokenPool`` of §4.2).
+
+    The reserved baselines (dedicated and guaranteed) must fit the capacity in every
+    dimension, since the pool promises them even when other tenants are busy.
+    """
+
+    name: str = field(validator=[instance_of(str), min_len(1)])  # type: ignore[arg-type]
+    """Pool name, e.g. the model it serves."""
+    capacity: Resources = field(validator=instance_of(Resources))
+    """Pool capacity ``(Lambda_p, X_p, R_p)``."""
+    entitlements: tuple[TokenEntitlement, ...] = field(converter=_entitlements)
+    """Entitlements bound to the pool, one per tenant."""
+    _by_tenant: MappingProxyType[str, TokenEntitlement] = field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        seen: dict[str, TokenEntitlement] = {}
+        for i, ent in enumerate(self.entitlements):
+            if not isinstance(ent, TokenEntitlement):
+                raise TypeError(f"'entitlements[{i}]' must be TokenEntitlement: {ent!r}")
+            if ent.tenant in seen:
+                raise ValueError(f"'entitlements' has tenant {ent.tenant!r} twice")
+            seen[ent.tenant] = ent
+        check_reserved_fit(self.entitlements, self.capacity)
+        object.__setattr__(self, "_by_tenant", MappingProxyType(seen))
+
+    def entitlement(self, tenant: str) -> TokenEntitlement | None:
+        """The entitlement of ``tenant``, or ``None`` when the pool has none."""
+        return self._by_tenant.get(tenant)
+
+    @property
+    def mean_slo_s(self) -> float:
+        """Pool-average SLO ``l-bar*`` of eq. (1): the mean SLO target over the entitlements
+        (1.0 for a pool without entitlements)."""
+        if not self.entitlements:
+            return 1.0
+        return sum(e.slo_target_s for e in self.entitlements) / len(self.entitlements)
+
+    @property
+    def reserved(self) -> tuple[float, int, int]:
+        """Sum of the reserved baselines: ``(tokens_per_s, kv_bytes, concurrency)``."""
+        return _reserved(self.entitlements)
+
+
+def _reserved(entitlements: Iterable[TokenEntitlement]) -> tuple[float, int, int]:
+    tps, kv, conc = 0.0, 0, 0
+    for ent in entitlements:
+        if ent.service_class.protected:
+            tps += ent.baseline.tokens_per_s
+            kv += ent.baseline.kv_bytes
+            conc += ent.baseline.concurrency
+    return tps, kv, conc
+
+
+def check_reserved_fit(entitlements: Iterable[TokenEntitlement], capacity: Resources) -> None:
+    """Raise ``ValueError`` when the reserved baselines exceed ``capacity`` in some dimension."""
+    tps, kv, conc = _reserved(entitlements)
+    for dim, need, have in (
+        ("tokens_per_s", tps, capacity.tokens_per_s),
+        ("kv_bytes", kv, capacity.kv_bytes),
+        ("concurrency", conc, capacity.concurrency),
+    ):
+        if need > have:
+            raise ValueError(
+                f"reserved baselines need {dim}={need} but 'capacity' has {dim}={have}"
+            )

@@ -1,0 +1,681 @@
+"""``TokenPoolGate``: seed 004's ordered admission checks at the gateway (§4.3)."""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from attrs import field, frozen
+from attrs.validators import gt, instance_of
+
+from kvpolicy.kvmodel import GateDecision, ModelSpec, Request
+from kvpolicy.tenancy._entitlements import (
+    Resources,
+    TokenEntitlement,
+    TokenPool,
+    check_reserved_fit,
+)
+from kvpolicy.tenancy._errors import UnknownRequestError
+from kvpolicy.tenancy._math import PriorityCoefficients
+from kvpolicy.tenancy._store import (
+    EntitlementState,
+    Holding,
+    InMemoryStateStore,
+    PoolState,
+    StateStore,
+)
+
+__all__ = ["GateConfig", "TokenPoolGate"]
+
+_ADMIT = GateDecision(admitted=True)
+
+
+def _finite_positive(_inst: object, attribute: object, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"'{getattr(attribute, 'name', '?')}' must be finite and > 0: {value!r}")
+
+
+@frozen
+class GateConfig:
+    """Settings of a :class:`TokenPoolGate`."""
+
+    coefficients: PriorityCoefficients = field(
+        factory=PriorityCoefficients, validator=instance_of(PriorityCoefficients)
+    )
+    """``alpha`` and ``gamma`` values of eqs. (1)-(3)."""
+    update_interval_s: float = field(default=5.0, converter=float, validator=_finite_positive)
+    """Seconds between debt and burst updates (the step ``k`` of eq. 2). With the paper's
+    ``gamma_d = 0.7`` a 5 s step brings a debt of 0.775 under 0.03 in 50 s, the "near zero
+    within approximately 50 seconds" of experiment 2."""
+    window_s: float = field(default=60.0, converter=float, validator=_finite_positive)
+    """Depth of every token bucket in seconds of its rate (60: a tokens-per-minute budget)."""
+    min_retry_s: float = field(default=0.05, converter=float, validator=gt(0.0))
+    """Shortest Retry-After, seconds."""
+    max_retry_s: float = field(default=60.0, converter=float, validator=_finite_positive)
+    """Longest Retry-After, seconds; also the answer when waiting cannot help."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_retry_s < self.min_retry_s:
+            raise ValueError(
+                f"'max_retry_s' must be >= 'min_retry_s' ({self.min_retry_s}): {self.max_retry_s}"
+            )
+
+
+def _bytes_per_token(value: int | ModelSpec) -> int:
+    if isinstance(value, ModelSpec):
+        return value.kv_bytes_per_token()
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"'bytes_per_token' must be int or ModelSpec: {value!r}")
+    if value <= 0:
+        raise ValueError(f"'bytes_per_token' must be > 0: {value!r}")
+    return value
+
+
+def _check_time(time: float) -> float:
+    if isinstance(time, bool) or not isinstance(time, int | float):
+        raise TypeError(f"'time' must be a number: {time!r}")
+    if not (math.isfinite(time) and time >= 0):
+        raise ValueError(f"'time' must be finite and >= 0: {time!r}")
+    return float(time)
+
+
+class TokenPoolGate:
+    """Admission at the gateway with token-pool entitlements: kvmodel's ``RequestGate``.
+
+    Each arriving request goes through the checks of seed 004 §4.3 in order; the first that
+    fails denies it (HTTP 429) with a Retry-After from the capacity model
+    (:func:`~kvpolicy.tenancy.retry_after`) and a reason:
+
+    1. ``"unknown-tenant"``: no entitlement for ``request.tenant`` and no
+       ``default_entitlement`` (Retry-After is ``max_retry_s``: waiting does not help).
+    2. Output length bound: the request is charged ``prompt_len + max_output_tokens`` of its
+       entitlement and that many tokens of KV (a gateway does not know ``decode_len``).
+       ``"oversized"`` when that can never fit the entitlement's limits or the pool.
+    3. ``"concurrency"``: the entitlement's in-flight count is at its limit ``r_e``.
+    4. ``"tokens"``: the entitlement's token bucket (rate ``lambda_e``, depth ``window_s``
+       seconds of it) lacks the request's tokens; then ``"kv-cache"``: its KV bytes in flight
+       plus the request's exceed ``chi_e``.
+    5. ``"priority"``: the pool is contended (the request does not fit the pool's free
+       slots, KV bytes or token bucket) and the entitlement's priority ``w_e`` (eq. 1) does not
+       exceed the admission threshold, the minimum priority among entitlements with requests
+       in flight. A dedicated or guaranteed request within its reserved baseline skips this
+       check (a reservation is never reclaimed), and a dedicated request above its baseline
+       is admitted only while reserved and protected holdings stay within capacity.
+
+    Limits are the burst limits for classes that burst, the baseline otherwise. Admitting
+    over a contended pool over-commits it: the backend queues the request while
+    lower-priority work drains, and lower-priority requests are denied meanwhile.
+
+    :meth:`release` returns what a request held and books its actual tokens
+    (``prompt_len + decode_len``) instead of the charge. Every ``update_interval_s`` seconds
+    of request time the debt (eq. 2) and burst intensity (eq. 3) of every entitlement are
+    updated from the tokens served and asked for in the interval.
+
+    Request times need not be monotonic across calls; a time earlier than one already seen
+    neither refills a bucket nor runs an update.
+
+    State lives in a :class:`StateStore`. The admission threshold is kept by each gate from
+    its own admissions and rebuilt from the store at every update, so several replicas over
+    one shared store agree on it within one update interval.
+    """
+
+    __slots__ = (
+        "_bpt",
+        "_config",
+        "_default",
+        "_ents",
+        "_heap",
+        "_mean_slo",
+        "_pool",
+        "_reserved",
+        "_store",
+        "_weights",
+    )
+
+    def __init__(
+        self,
+        pool: TokenPool,
+        bytes_per_token: int | ModelSpec,
+        *,
+        config: GateConfig | None = None,
+        store: StateStore | None = None,
+        default_entitlement: TokenEntitlement | None = None,
+    ) -> None:
+        """Build a gate.
+
+        Args:
+            pool: the pool and its entitlements.
+            bytes_per_token: KV bytes of one token, or a model whose KV size gives it.
+            config: gate settings; defaults when ``None``.
+            store: where state lives; a fresh :class:`InMemoryStateStore` when ``None``.
+            default_entitlement: the entitlement (its ``tenant`` is ignored) of a tenant the
+                pool does not name, copied per tenant; ``None`` denies such requests with
+                ``"unknown-tenant"``. It may not be dedicated or guaranteed: a reservation
+                per unforeseen tenant could not be honoured.
+        """
+        if not isinstance(pool, TokenPool):
+            raise TypeError(f"'pool' must be TokenPool: {pool!r}")
+        config = GateConfig() if config is None else config
+        if not isinstance(config, GateConfig):
+            raise TypeError(f"'config' must be GateConfig: {config!r}")
+        store = InMemoryStateStore() if store is None else store
+        if not isinstance(store, StateStore):
+            raise TypeError(f"'store' must implement StateStore: {store!r}")
+        if default_entitlement is not None:
+            if not isinstance(default_entitlement, TokenEntitlement):
+                raise TypeError(
+                    f"'default_entitlement' must be TokenEntitlement: {default_entitlement!r}"
+                )
+            if default_entitlement.service_class.protected:
+                raise ValueError(
+                    "'default_entitlement' must not reserve capacity: service class "
+                    f"{default_entitlement.service_class.name!r}"
+                )
+        self._bpt = _bytes_per_token(bytes_per_token)
+        self._pool = pool
+        self._config = config
+        self._store = store
+        self._default = default_entitlement
+        self._ents: dict[str, TokenEntitlement] = {e.tenant: e for e in pool.entitlements}
+        self._mean_slo = pool.mean_slo_s
+        self._reserved = pool.reserved
+        self._weights: dict[str, float] = {}
+        self._heap: list[tuple[float, str]] = []
+        if store.pool() is None:
+            cap = pool.capacity
+            store.put_pool(
+                PoolState(
+                    capacity=cap,
+                    bucket=cap.tokens_per_s * config.window_s,
+                    next_tick=config.update_interval_s,
+                )
+            )
+        self._rebuild()
+
+    # -- inspection -------------------------------------------------------------------
+
+    @property
+    def pool(self) -> TokenPool:
+        """The pool as configured (its capacity before any :meth:`set_capacity`)."""
+        return self._pool
+
+    @property
+    def config(self) -> GateConfig:
+        """The gate's settings."""
+        return self._config
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes charged per token."""
+        return self._bpt
+
+    def entitlement(self, tenant: str) -> TokenEntitlement | None:
+        """The entitlement that governs ``tenant`` (a copy of the default one if need be)."""
+        return self._lookup(tenant)
+
+    def usage(self, tenant: str) -> EntitlementState:
+        """The state of ``tenant``'s entitlement (all zero before its first request)."""
+        state = self._store.entitlement(tenant)
+        return EntitlementState() if state is None else state
+
+    def pool_state(self) -> PoolState:
+        """The pool's state."""
+        state = self._store.pool()
+        assert state is not None  # put in __init__
+        return state
+
+    def priority(self, tenant: str) -> float:
+        """Current priority weight ``w_e`` (eq. 1) of ``tenant``.
+
+        Raises:
+            KeyError: the tenant has no entitlement and there is no default one.
+        """
+        ent = self._lookup(tenant)
+        if ent is None:
+            raise KeyError(f"'tenant' has no entitlement: {tenant!r}")
+        return self._weight_of(tenant, ent)
+
+    def threshold(self) -> float:
+        """Admission threshold under contention: the minimum priority among entitlements with
+        requests in flight (``inf`` when nothing is in flight)."""
+        heap = self._heap
+        while heap:
+            weight, tenant = heap[0]
+            state = self._store.entitlement(tenant)
+            if state is not None and state.in_flight > 0 and self._weights.get(tenant) == weight:
+                return weight
+            heapq.heappop(heap)
+        return math.inf
+
+    # -- RequestGate --------------------------------------------------------------------
+
+    def check(self, request: Request, time: float) -> GateDecision:
+        """Admit ``request`` arriving at ``time`` (seconds), or deny it with a Retry-After.
+
+        Raises:
+            TypeError: ``request`` is not a :class:`~kvpolicy.kvmodel.Request` or ``time`` is
+                not a number.
+            ValueError: ``time`` is negative or not finite, or ``request`` is already admitted
+                and not released (nothing changes).
+        """
+        if not isinstance(request, Request):
+            raise TypeError(f"'request' must be Request: {request!r}")
+        time = _check_time(time)
+        store = self._store
+        tenant = request.tenant
+        if store.holding(request.request_id) is not None:
+            raise ValueError(
+                f"'request' {request.request_id!r} is already admitted and not released"
+            )
+        ps = self._advance(time)
+        ent = self._lookup(tenant)
+        cfg = self._config
+        if ent is None:
+            return GateDecision(False, cfg.max_retry_s, "unknown-tenant")
+        s = store.entitlement(tenant)
+        limits = ent.limits
+        rate = limits.tokens_per_s
+        depth = rate * cfg.window_s
+        if s is None:
+            s = EntitlementState(bucket=depth, bucket_time=time)
+        cap = ps.capacity
+        cost = request.prompt_len + ent.max_output_tokens
+        kv = cost * self._bpt
+        pool_depth = cap.tokens_per_s * cfg.window_s
+        if cost > depth or cost > pool_depth or kv > limits.kv_bytes or kv > cap.kv_bytes:
+            return GateDecision(False, cfg.max_retry_s, "oversized")
+
+        # Refill the token buckets up to ``time`` (never backwards).
+        s_time = max(time, s.bucket_time)
+        level = min(depth, s.bucket + (s_time - s.bucket_time) * rate)
+        p_time = max(time, ps.bucket_time)
+        pool_level = min(pool_depth, ps.bucket + (p_time - ps.bucket_time) * cap.tokens_per_s)
+        demanded = s.demanded + cost
+        drain = min(rate, cap.tokens_per_s)
+
+        reason = ""
+        wait = 0.0
+        if s.in_flight + 1 > limits.concurrency:  # §4.3 check (3)
+            reason = "concurrency"
+            wait = self._wait(1, 0, 0, s.in_flight, s.tokens, s.kv_bytes, drain)
+        elif cost > level:  # §4.3 check (4)
+            reason = "tokens"
+            wait = self._wait(0, 0, cost - level, s.in_flight, s.tokens, s.kv_bytes, rate)
+        elif s.kv_bytes + kv > limits.kv_bytes:  # the KV dimension of §3.1
+            reason = "kv-cache"
+            need = s.kv_bytes + kv - limits.kv_bytes
+            wait = self._wait(0, need, 0, s.in_flight, s.tokens, s.kv_bytes, drain)
+        else:  # §4.3 check (5): pool contention
+            need_slots = ps.in_flight + 1 - cap.concurrency
+            need_kv = ps.kv_bytes + kv - cap.kv_bytes
+            need_tokens = cost - pool_level
+            contended = need_slots > 0 or need_kv > 0 or need_tokens > 0
+            if contended and not self._may_displace(ent, s, ps, kv, tenant):
+                reason = "priority"
+                wait = self._wait(
+                    max(0, need_slots),
+                    max(0, need_kv),
+                    max(0.0, need_tokens),
+                    ps.in_flight,
+                    ps.tokens,
+                    ps.kv_bytes,
+                    cap.tokens_per_s,
+                )
+        if reason:
+            store.put_entitlement(
+                tenant,
+                EntitlementState(
+                    s.in_flight,
+                    s.kv_bytes,
+                    s.tokens,
+                    level,
+                    s_time,
+                    s.burst,
+                    s.debt,
+                    s.served,
+                    demanded,
+                ),
+            )
+            return GateDecision(False, wait, reason)
+
+        base = ent.baseline
+        if ent.service_class.protected:
+            n = s.in_flight
+            prot_slots = ps.protected_in_flight + 1
+            prot_kv = ps.protected_kv_bytes + kv
+            used_slots = ps.reserved_used_slots + (
+                min(n + 1, base.concurrency) - min(n, base.concurrency)
+            )
+            used_kv = ps.reserved_used_kv_bytes + (
+                min(s.kv_bytes + kv, base.kv_bytes) - min(s.kv_bytes, base.kv_bytes)
+            )
+        else:
+            prot_slots, prot_kv = ps.protected_in_flight, ps.protected_kv_bytes
+            used_slots, used_kv = ps.reserved_used_slots, ps.reserved_used_kv_bytes
+        store.put_entitlement(
+            tenant,
+            EntitlementState(
+                s.in_flight + 1,
+                s.kv_bytes + kv,
+                s.tokens + cost,
+                level - cost,
+                s_time,
+                s.burst,
+                s.debt,
+                s.served + cost,
+                demanded,
+            ),
+        )
+        store.put_pool(
+            PoolState(
+                cap,
+                ps.in_flight + 1,
+                ps.kv_bytes + kv,
+                ps.tokens + cost,
+                pool_level - cost,
+                p_time,
+                prot_slots,
+                prot_kv,
+                used_slots,
+                used_kv,
+                ps.next_tick,
+            )
+        )
+        store.put_holding(request.request_id, Holding(tenant, cost, kv))
+        if s.in_flight == 0:
+            heapq.heappush(self._heap, (self._weight_of(tenant, ent), tenant))
+        return _ADMIT
+
+    def release(self, request: Request, time: float) -> None:
+        """Return what the admitted ``request`` held; book its actual tokens.
+
+        The buckets get back the difference between the charge and the actual
+        ``prompt_len + decode_len`` (or pay it, when the request generated more than
+        ``max_output_tokens``), and the interval's served and asked-for tokens are corrected
+        the same way.
+
+        Raises:
+            TypeError: ``request`` is not a Request or ``time`` is not a number.
+            ValueError: ``time`` is negative or not finite.
+            UnknownRequestError: the gate holds nothing for ``request`` (never admitted, or
+                released already); nothing changes.
+        """
+        if not isinstance(request, Request):
+            raise TypeError(f"'request' must be Request: {request!r}")
+        time = _check_time(time)
+        store = self._store
+        held = store.holding(request.request_id)
+        if held is None:
+            raise UnknownRequestError(
+                f"'request' {request.request_id!r} is not held by this gate "
+                "(never admitted, or released already)"
+            )
+        ps = self._advance(time)
+        tenant = held.tenant
+        ent = self._lookup(tenant)
+        s = store.entitlement(tenant)
+        assert ent is not None  # a holding implies an entitlement and its state
+        assert s is not None
+        cfg = self._config
+        cap = ps.capacity
+        rate = ent.limits.tokens_per_s
+        refund = held.tokens - request.total_len
+        s_time = max(time, s.bucket_time)
+        level = min(rate * cfg.window_s, s.bucket + (s_time - s.bucket_time) * rate + refund)
+        p_time = max(time, ps.bucket_time)
+        pool_level = min(
+            cap.tokens_per_s * cfg.window_s,
+            ps.bucket + (p_time - ps.bucket_time) * cap.tokens_per_s + refund,
+        )
+        base = ent.baseline
+        if ent.service_class.protected:
+            n = s.in_flight
+            prot_slots = ps.protected_in_flight - 1
+            prot_kv = ps.protected_kv_bytes - held.kv_bytes
+            used_slots = ps.reserved_used_slots - (
+                min(n, base.concurrency) - min(n - 1, base.concurrency)
+            )
+            used_kv = ps.reserved_used_kv_bytes - (
+                min(s.kv_bytes, base.kv_bytes) - min(s.kv_bytes - held.kv_bytes, base.kv_bytes)
+            )
+        else:
+            prot_slots, prot_kv = ps.protected_in_flight, ps.protected_kv_bytes
+            used_slots, used_kv = ps.reserved_used_slots, ps.reserved_used_kv_bytes
+        store.put_entitlement(
+            tenant,
+            EntitlementState(
+                s.in_flight - 1,
+                s.kv_bytes - held.kv_bytes,
+                s.tokens - held.tokens,
+                level,
+                s_time,
+                s.burst,
+                s.debt,
+                s.served - refund,
+                s.demanded - refund,
+            ),
+        )
+        store.put_pool(
+            PoolState(
+                cap,
+                ps.in_flight - 1,
+                ps.kv_bytes - held.kv_bytes,
+                ps.tokens - held.tokens,
+                pool_level,
+                p_time,
+                prot_slots,
+                prot_kv,
+                used_slots,
+                used_kv,
+                ps.next_tick,
+            )
+        )
+        store.put_holding(request.request_id, None)
+
+    # -- capacity -----------------------------------------------------------------------
+
+    def set_capacity(self, capacity: Resources, time: float) -> None:
+        """Change the pool's capacity at ``time`` (an outage, a recovery, autoscaling).
+
+        Work in flight stays admitted; an over-committed pool denies lower-priority requests
+        until it drains.
+
+        Raises:
+            TypeError: ``capacity`` is not :class:`Resources`.
+            ValueError: the reserved baselines do not fit ``capacity`` (nothing changes):
+                reservations are never shrunk, so the pool must shed them first.
+        """
+        if not isinstance(capacity, Resources):
+            raise TypeError(f"'capacity' must be Resources: {capacity!r}")
+        time = _check_time(time)
+        check_reserved_fit(self._pool.entitlements, capacity)
+        ps = self._advance(time)
+        old = ps.capacity
+        p_time = max(time, ps.bucket_time)
+        level = ps.bucket + (p_time - ps.bucket_time) * old.tokens_per_s
+        level = min(level, old.tokens_per_s * self._config.window_s)
+        level = min(level, capacity.tokens_per_s * self._config.window_s)
+        self._store.put_pool(
+            PoolState(
+                capacity,
+                ps.in_flight,
+                ps.kv_bytes,
+                ps.tokens,
+                level,
+                p_time,
+                ps.protected_in_flight,
+                ps.protected_kv_bytes,
+                ps.reserved_used_slots,
+                ps.reserved_used_kv_bytes,
+                ps.next_tick,
+            )
+        )
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _lookup(self, tenant: str) -> TokenEntitlement | None:
+        ent = self._ents.get(tenant)
+        if ent is None and self._default is not None:
+            default = self._default
+            ent = TokenEntitlement(
+                tenant,
+                default.service_class,
+                default.baseline,
+                default.burst,
+                default.slo_target_s,
+                default.max_output_tokens,
+            )
+            self._ents[tenant] = ent
+        return ent
+
+    def _weight_of(self, tenant: str, ent: TokenEntitlement) -> float:
+        weight = self._weights.get(tenant)
+        if weight is None:
+            state = self._store.entitlement(tenant)
+            weight = self._weight(ent, state or EntitlementState())
+            self._weights[tenant] = weight
+        return weight
+
+    def _weight(self, ent: TokenEntitlement, state: EntitlementState) -> float:
+        # Eq. (1) of seed 004; for credit (d < 0) the reciprocal debt factor of
+        # priority_weight, so that the weight stays positive.
+        c = self._config.coefficients
+        d = state.debt
+        owed = 1.0 + c.alpha_debt * d if d >= 0 else 1.0 / (1.0 - c.alpha_debt * d)
+        return (
+            ent.service_class.weight
+            / (1.0 + c.alpha_slo * ent.slo_target_s / self._mean_slo)
+            / (1.0 + c.alpha_burst * state.burst)
+            * owed
+        )
+
+    def _may_displace(
+        self,
+        ent: TokenEntitlement,
+        s: EntitlementState,
+        ps: PoolState,
+        kv: int,
+        tenant: str,
+    ) -> bool:
+        """Whether a request may be admitted over a contended pool."""
+        base = ent.baseline
+        protected = ent.service_class.protected
+        if protected and s.in_flight + 1 <= base.concurrency and s.kv_bytes + kv <= base.kv_bytes:
+            return True  # a reservation is never reclaimed (Table 1)
+        if not self._weight_of(tenant, ent) > self.threshold():
+            return False
+        if not protected:
+            return True
+        # Dedicated above its baseline: reserved and protected holdings must fit.
+        _, res_kv, res_slots = self._reserved
+        cap = ps.capacity
+        slots = ps.protected_in_flight + res_slots - ps.reserved_used_slots + 1
+        kv_bytes = ps.protected_kv_bytes + res_kv - ps.reserved_used_kv_bytes + kv
+        return slots <= cap.concurrency and kv_bytes <= cap.kv_bytes
+
+    def _wait(
+        self,
+        slots: float,
+        kv_bytes: float,
+        tokens: float,
+        in_flight: int,
+        in_flight_tokens: float,
+        in_flight_kv: float,
+        drain: float,
+    ) -> float:
+        # retry_after of _math without argument checks: every value here is the gate's own.
+        cfg = self._config
+        wait = tokens / drain
+        if slots > 0 or kv_bytes > 0:
+            if in_flight <= 0 or in_flight_tokens <= 0:
+                return cfg.max_retry_s
+            completions = drain * in_flight / in_flight_tokens
+            wait = max(wait, slots / completions)
+            if kv_bytes > 0:
+                if in_flight_kv <= 0:
+                    return cfg.max_retry_s
+                wait = max(wait, kv_bytes * in_flight / (completions * in_flight_kv))
+        return min(cfg.max_retry_s, max(cfg.min_retry_s, wait))
+
+    def _advance(self, time: float) -> PoolState:
+        """Run the debt and burst updates due by ``time``; return the pool's state."""
+        store = self._store
+        ps = store.pool()
+        assert ps is not None  # put in __init__
+        if time < ps.next_tick:
+            return ps
+        interval = self._config.update_interval_s
+        # Ticks after the first see an interval with nothing served or asked for.
+        idle = math.floor((time - ps.next_tick) / interval)
+        for tenant in store.tenants():
+            state = store.entitlement(tenant)
+            ent = self._lookup(tenant)
+            if state is None or ent is None:
+                continue  # a tenant only another gate over a shared store knows
+            store.put_entitlement(tenant, self._tick(ent, state, idle))
+        ps = PoolState(
+            ps.capacity,
+            ps.in_flight,
+            ps.kv_bytes,
+            ps.tokens,
+            ps.bucket,
+            ps.bucket_time,
+            ps.protected_in_flight,
+            ps.protected_kv_bytes,
+            ps.reserved_used_slots,
+            ps.reserved_used_kv_bytes,
+            ps.next_tick + (idle + 1) * interval,
+        )
+        store.put_pool(ps)
+        self._rebuild()
+        return ps
+
+    def _tick(self, ent: TokenEntitlement, s: EntitlementState, idle: int) -> EntitlementState:
+        c = self._config.coefficients
+        interval = self._config.update_interval_s
+        base = ent.baseline
+        served = max(0.0, s.served) / interval
+        asked = max(0.0, s.demanded) / interval
+        debt = s.debt
+        if ent.service_class.accumulates_debt:
+            # Eq. (2) with the gap of §3.3, measured against min(baseline, demand).
+            target = min(base.tokens_per_s, asked)
+            gap = max(-1.0, min(1.0, (target - served) / base.tokens_per_s))
+            debt = c.gamma_d * debt + (1.0 - c.gamma_d) * gap
+            debt *= c.gamma_d**idle  # idle intervals: gap 0
+        # Eq. (3) and its EWMA.
+        kv_over = max(0.0, s.kv_bytes / base.kv_bytes - 1.0)
+        conc_over = max(0.0, s.in_flight / base.concurrency - 1.0)
+        delta = max(0.0, served / base.tokens_per_s - 1.0) + kv_over + conc_over
+        burst = c.gamma_b * s.burst + (1.0 - c.gamma_b) * delta
+        if idle:
+            steady = kv_over + conc_over
+            burst = steady + (burst - steady) * c.gamma_b**idle
+        return EntitlementState(
+            s.in_flight,
+            s.kv_bytes,
+            s.tokens,
+            s.bucket,
+            s.bucket_time,
+            burst,
+            debt,
+            0.0,
+            0.0,
+        )
+
+    def _rebuild(self) -> None:
+        """Recompute every weight and the threshold heap from the store."""
+        store = self._store
+        self._weights = {}
+        heap: list[tuple[float, str]] = []
+        for tenant in store.tenants():
+            ent = self._lookup(tenant)
+            state = store.entitlement(tenant)
+            if ent is None or state is None:
+                continue
+            weight = self._weight(ent, state)
+            self._weights[tenant] = weight
+            if state.in_flight > 0:
+                heap.append((weight, tenant))
+        heapq.heapify(heap)
+        self._heap = heap

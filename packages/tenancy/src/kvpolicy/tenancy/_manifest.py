@@ -1,0 +1,178 @@
+"""Token-pool manifests: a pool and its entitlements as a JSON or YAML mapping (§4.2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool
+from kvpolicy.tenancy._errors import ManifestError
+
+__all__ = ["dump_manifest", "load_manifest"]
+
+_GIB = 2**30
+_RESOURCE_KEYS = frozenset({"tokens_per_s", "kv_bytes", "kv_cache_gib", "concurrency"})
+_ENTITLEMENT_KEYS = frozenset(
+    {"tenant", "service_class", "baseline", "burst", "slo_target_s", "max_output_tokens"}
+)
+_POOL_KEYS = frozenset({"name", "capacity"})
+_TOP_KEYS = frozenset({"pool", "entitlements"})
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ManifestError(f"{where} must be a mapping: {value!r}")
+    return value
+
+
+def _keys(value: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
+    for key in value:
+        if key not in allowed:
+            raise ManifestError(
+                f"{where}: unknown key {key!r} (known: {', '.join(sorted(allowed))})"
+            )
+
+
+def _require(value: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in value:
+        raise ManifestError(f"{where}: missing key {key!r}")
+    return value[key]
+
+
+def _resources(value: object, where: str) -> Resources:
+    m = _mapping(value, where)
+    _keys(m, _RESOURCE_KEYS, where)
+    if "kv_bytes" in m and "kv_cache_gib" in m:
+        raise ManifestError(f"{where}: give 'kv_bytes' or 'kv_cache_gib', not both")
+    if "kv_cache_gib" in m:
+        gib = m["kv_cache_gib"]
+        if isinstance(gib, bool) or not isinstance(gib, int | float):
+            raise ManifestError(f"{where}.kv_cache_gib must be a number: {gib!r}")
+        kv: object = round(gib * _GIB)
+    else:
+        kv = _require(m, "kv_bytes", where)
+    try:
+        return Resources(
+            tokens_per_s=_require(m, "tokens_per_s", where),
+            kv_bytes=kv,  # type: ignore[arg-type]
+            concurrency=_require(m, "concurrency", where),
+        )
+    except (TypeError, ValueError) as err:
+        raise ManifestError(f"{where}: {err}") from err
+
+
+def _entitlement(value: object, where: str) -> TokenEntitlement:
+    m = _mapping(value, where)
+    _keys(m, _ENTITLEMENT_KEYS, where)
+    kwargs: dict[str, Any] = {
+        "tenant": _require(m, "tenant", where),
+        "service_class": _require(m, "service_class", where),
+        "baseline": _resources(_require(m, "baseline", where), f"{where}.baseline"),
+    }
+    if m.get("burst") is not None:
+        kwargs["burst"] = _resources(m["burst"], f"{where}.burst")
+    for key in ("slo_target_s", "max_output_tokens"):
+        if key in m:
+            kwargs[key] = m[key]
+    try:
+        return TokenEntitlement(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ManifestError(f"{where}: {err}") from err
+
+
+def load_manifest(source: Mapping[str, Any] | str | os.PathLike[str]) -> TokenPool:
+    """Build a :class:`TokenPool` from a manifest mapping or a ``.json``/``.yaml`` file.
+
+    The manifest is::
+
+        pool:
+          name: qwen3-8b
+          capacity: {tokens_per_s: 240, kv_cache_gib: 16, concurrency: 16}
+        entitlements:
+          - tenant: sample
+            service_class: guaranteed      # dedicated | guaranteed | elastic | spot | preemptible
+            slo_target_s: 0.2
+            max_output_tokens: 256         # charged per request at admission
+            baseline: {tokens_per_s: 100, kv_cache_gib: 2, concurrency: 4}
+            burst: {tokens_per_s: 200, kv_cache_gib: 4, concurrency: 8}   # optional
+
+    KV capacity is ``kv_bytes`` or ``kv_cache_gib`` (GiB, as the paper's resource). YAML files
+    need PyYAML (the ``yaml`` extra).
+
+    Raises:
+        ManifestError: an unknown or missing key (named with its path, e.g.
+            ``entitlements[1].baseline``), a wrong value, or a file that cannot be parsed.
+    """
+    if isinstance(source, str | os.PathLike):
+        source = _read(pathlib.Path(source))
+    m = _mapping(source, "manifest")
+    _keys(m, _TOP_KEYS, "manifest")
+    pool = _mapping(_require(m, "pool", "manifest"), "pool")
+    _keys(pool, _POOL_KEYS, "pool")
+    capacity = _resources(_require(pool, "capacity", "pool"), "pool.capacity")
+    raw = m.get("entitlements", [])
+    if not isinstance(raw, list | tuple):
+        raise ManifestError(f"entitlements must be a list: {raw!r}")
+    ents = [_entitlement(e, f"entitlements[{i}]") for i, e in enumerate(raw)]
+    try:
+        return TokenPool(name=_require(pool, "name", "pool"), capacity=capacity, entitlements=ents)
+    except (TypeError, ValueError) as err:
+        raise ManifestError(f"pool: {err}") from err
+
+
+def _read(path: pathlib.Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ManifestError(f"cannot read manifest {str(path)!r}: {err}") from err
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ManifestError(f"manifest {str(path)!r} is not JSON: {err}") from err
+    if suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as err:
+            raise ManifestError(
+                "YAML manifests need PyYAML: pip install 'kvpolicy-tenancy[yaml]'"
+            ) from err
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ManifestError(f"manifest {str(path)!r} is not YAML: {err}") from err
+    raise ManifestError(f"manifest must end in .json, .yaml or .yml: {str(path)!r}")
+
+
+def _dump_resources(r: Resources) -> dict[str, Any]:
+    return {"tokens_per_s": r.tokens_per_s, "kv_bytes": r.kv_bytes, "concurrency": r.concurrency}
+
+
+def dump_manifest(pool: TokenPool) -> dict[str, Any]:
+    """The manifest mapping of ``pool`` (``load_manifest(dump_manifest(p)) == p``).
+
+    Service classes are written by name, so a pool with a custom :class:`ServiceClass` does
+    not round-trip.
+    """
+    if not isinstance(pool, TokenPool):
+        raise TypeError(f"'pool' must be TokenPool: {pool!r}")
+    ents = []
+    for e in pool.entitlements:
+        ent: dict[str, Any] = {
+            "tenant": e.tenant,
+            "service_class": e.service_class.name,
+            "slo_target_s": e.slo_target_s,
+            "max_output_tokens": e.max_output_tokens,
+            "baseline": _dump_resources(e.baseline),
+        }
+        if e.burst is not None:
+            ent["burst"] = _dump_resources(e.burst)
+        ents.append(ent)
+    return {
+        "pool": {"name": pool.name, "capacity": _dump_resources(pool.capacity)},
+        "entitlements": ents,
+    }
