@@ -181,3 +181,54 @@ class TestRay:
         finally:
             ray.shutdown()
         assert [p.summary for p in remote] == [p.summary for p in local]
+
+
+class TestFitTiming:
+    def _rows(self, tmp_path: pathlib.Path) -> pathlib.Path:
+        from kvpolicy.kvmodel import get_gpu, get_model
+        from kvpolicy.sim import TimingModel
+
+        truth = TimingModel(
+            get_model("Llama-3-8B"),
+            get_gpu("H100-SXM"),
+            bandwidth_efficiency=0.6,
+            flops_efficiency=0.4,
+            overhead_s=1e-3,
+        )
+        lines = ["batch,tokens,seconds,kv_tokens"]
+        for b, t, kv in [
+            (1, 1, 0),
+            (16, 16, 16000),
+            (64, 64, 90000),
+            (1, 2048, 2048),
+            (1, 8192, 8192),
+        ]:
+            lines.append(f"{b},{t},{truth.iteration_time(t, kv, kv)!r},{kv}")
+        f = tmp_path / "m.csv"
+        f.write_text("\n".join(lines) + "\n")
+        return f
+
+    def test_writes_a_stack_that_runs(self, tmp_path: pathlib.Path) -> None:
+        """The fitted constants come back and the written file is a usable stack."""
+        from kvpolicy.sim import load_stack
+
+        out = tmp_path / "fitted.yaml"
+        code, text = _invoke(
+            "sim", "fit-timing", "--csv", str(self._rows(tmp_path)), "--out", str(out), "--json"
+        )
+        assert code == 0, text
+        doc = json.loads(text.splitlines()[0])
+        assert doc["timing"]["bandwidth_efficiency"] == pytest.approx(0.6, rel=0.05)
+        assert doc["fit"]["median_rel_error"] < 0.01
+        stack = load_stack(out)
+        assert stack.timing.bandwidth_efficiency == pytest.approx(0.6, rel=0.05)
+
+    def test_bad_csv_is_a_usage_error(self, tmp_path: pathlib.Path) -> None:
+        """A malformed row fails with the file and line, and nothing is written."""
+        f = tmp_path / "m.csv"
+        f.write_text("batch,tokens,seconds\n1,1,0.1\n1,2,oops\n")
+        out = tmp_path / "fitted.yaml"
+        code, text = _invoke("sim", "fit-timing", "--csv", str(f), "--out", str(out))
+        assert code == 2
+        assert "m.csv:3" in text
+        assert not out.exists()

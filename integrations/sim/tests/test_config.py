@@ -41,8 +41,8 @@ class TestStackFromDict:
 
     def test_unknown_top_level_key(self) -> None:
         """An unknown section is named in the error."""
-        with pytest.raises(ConfigError, match="unknown key tiers"):
-            stack_from_dict({"tiers": {}})
+        with pytest.raises(ConfigError, match="unknown key cache"):
+            stack_from_dict({"cache": {}})
 
     def test_unknown_nested_key(self) -> None:
         """An unknown key of a section is named with its section."""

@@ -30,7 +30,7 @@ class TestSummarize:
         assert s.slo_attainment == 1.0
 
     def test_tenants(self, kit: SimpleNamespace, tm: TimingModel) -> None:
-        """Per-tenant rows count arrivals, admissions, denials and token shares."""
+        """Per-tenant rows count arrivals, admissions, rejections and token shares."""
         reqs = [
             kit.request(0, 10, 30, 0.0, tenant="a"),
             kit.request(1, 9000, 10, 0.0, tenant="b"),
@@ -38,8 +38,9 @@ class TestSummarize:
         ]
         s = summarize(Engine(tm, EngineConfig()).run(reqs), SLOConfig(), get_gpu("H100-SXM"))
         rows = {t.tenant: t for t in s.tenants}
-        assert (rows["a"].requests, rows["a"].admissions, rows["a"].denials) == (1, 1, 0)
-        assert (rows["b"].requests, rows["b"].admissions, rows["b"].denials) == (2, 1, 1)
+        assert (rows["a"].requests, rows["a"].admissions, rows["a"].rejected) == (1, 1, 0)
+        assert (rows["b"].requests, rows["b"].admissions, rows["b"].rejected) == (2, 1, 1)
+        assert (rows["b"].denials, rows["b"].gave_up, s.gate_denials) == (0, 0, 0)
         assert rows["a"].share_of_tokens == pytest.approx(0.75)
         assert rows["b"].slo_attainment == 0.5
         assert s.rejected == 1

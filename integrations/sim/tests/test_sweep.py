@@ -37,7 +37,7 @@ class TestApplyParams:
     def test_unknown_section(self) -> None:
         """An unknown section lists the sections."""
         with pytest.raises(ConfigError, match="section in engine, admission"):
-            apply_params(StackConfig(), {"tiers.ttl": 3})
+            apply_params(StackConfig(), {"cache.ttl": 3})
 
     def test_bad_value(self) -> None:
         """A value the field rejects is a ConfigError naming the parameter."""

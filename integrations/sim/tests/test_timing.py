@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import attrs
 import numpy as np
 import pytest
 
 from kvpolicy.kvmodel import ModelSpec, get_gpu, get_model
-from kvpolicy.sim import TimingModel, fit_timing
+from kvpolicy.sim import TimingModel, fit_error, fit_timing, read_timing_csv
 
 
 class TestTimingModel:
@@ -65,3 +67,63 @@ class TestFit:
         """Rows of the wrong shape name the shape."""
         with pytest.raises(ValueError, match=r"got shape \(2, 2\)"):
             fit_timing(get_model("Llama-3-8B"), get_gpu("H100-SXM"), [[1, 2], [3, 4]])
+
+    def test_recovers_constants_from_noisy_rows(self) -> None:
+        """With 5% multiplicative noise the fit stays within 10% and beats the defaults."""
+        m, g = get_model("Llama-3-8B"), get_gpu("H100-SXM")
+        truth = TimingModel(m, g, bandwidth_efficiency=0.5, flops_efficiency=0.3, overhead_s=2e-3)
+        rng = np.random.default_rng(0)
+        rows = []
+        for batch in (1, 4, 16, 64, 256):
+            for ctx in (128, 1024, 4096):
+                t = truth.iteration_time(batch, batch * ctx, batch * ctx)
+                rows.append([batch, batch, t * rng.uniform(0.95, 1.05), batch * ctx])
+        for q in (256, 1024, 4096, 8192):
+            rows.append([1, q, truth.iteration_time(q, q, q) * rng.uniform(0.95, 1.05), q])
+        fit = fit_timing(m, g, rows)
+        assert fit.bandwidth_efficiency == pytest.approx(0.5, rel=0.1)
+        assert fit.flops_efficiency == pytest.approx(0.3, rel=0.1)
+        arr = np.asarray(rows)
+        assert fit_error(fit, arr)["median_rel_error"] < 0.05
+        assert fit_error(fit, arr)["r2"] > fit_error(TimingModel(m, g), arr)["r2"]
+
+    def test_zero_seconds_refused(self) -> None:
+        """A measured time of 0 cannot be weighed relatively."""
+        with pytest.raises(ValueError, match="seconds > 0"):
+            fit_timing(get_model("Llama-3-8B"), get_gpu("H100-SXM"), [[1, 1, 0.0], [1, 2, 0.1]])
+
+
+class TestReadCSV:
+    def test_columns_in_any_order(self, tmp_path: pathlib.Path) -> None:
+        """Columns are found by name; a missing kv_tokens reads as 0; extras are ignored."""
+        f = tmp_path / "m.csv"
+        f.write_text("seconds,note,tokens,batch\n0.01,a,1,1\n0.5,b,512,1\n")
+        np.testing.assert_array_equal(read_timing_csv(f), [[1, 1, 0.01, 0], [1, 512, 0.5, 0]])
+
+    def test_bad_row_names_file_and_line(self, tmp_path: pathlib.Path) -> None:
+        """A value that is not a number is reported with its file, line and column."""
+        f = tmp_path / "m.csv"
+        f.write_text("batch,tokens,seconds\n1,1,0.01\n1,x,0.02\n")
+        with pytest.raises(ValueError, match=r"m\.csv:3: column 'tokens' is not a number: 'x'"):
+            read_timing_csv(f)
+
+    def test_negative_value(self, tmp_path: pathlib.Path) -> None:
+        """Negative measurements are refused, naming the column."""
+        f = tmp_path / "m.csv"
+        f.write_text("batch,tokens,seconds\n1,1,-0.01\n1,2,0.02\n")
+        with pytest.raises(ValueError, match=r"m\.csv:2: column 'seconds' must be finite"):
+            read_timing_csv(f)
+
+    def test_missing_column(self, tmp_path: pathlib.Path) -> None:
+        """A header without a required column names it."""
+        f = tmp_path / "m.csv"
+        f.write_text("batch,seconds\n1,0.01\n")
+        with pytest.raises(ValueError, match="missing column"):
+            read_timing_csv(f)
+
+    def test_too_few_rows(self, tmp_path: pathlib.Path) -> None:
+        """One row cannot fit three constants."""
+        f = tmp_path / "m.csv"
+        f.write_text("batch,tokens,seconds\n1,1,0.01\n")
+        with pytest.raises(ValueError, match="at least 2"):
+            read_timing_csv(f)

@@ -15,9 +15,12 @@ from kvpolicy.sim._config import (
     AdmissionConfig,
     EngineConfig,
     EvictionConfig,
+    GatewayConfig,
     PreemptionConfig,
     SLOConfig,
     StackConfig,
+    TiersConfig,
+    TimingConfig,
     load_stack,
     stack_from_dict,
 )
@@ -42,7 +45,7 @@ from kvpolicy.sim._stack import (
     eviction_names,
 )
 from kvpolicy.sim._sweep import EXECUTORS, SweepPoint, apply_params, expand_grid, sweep
-from kvpolicy.sim._timing import TimingModel, fit_timing
+from kvpolicy.sim._timing import TimingModel, fit_error, fit_timing, read_timing_csv
 
 __all__ = [
     "ADMISSION_NAMES",
@@ -55,6 +58,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EvictionConfig",
+    "GatewayConfig",
     "PreemptionConfig",
     "RunRecord",
     "SLOConfig",
@@ -65,6 +69,8 @@ __all__ = [
     "Summary",
     "SweepPoint",
     "TenantSummary",
+    "TiersConfig",
+    "TimingConfig",
     "TimingModel",
     "__version__",
     "apply_params",
@@ -75,12 +81,14 @@ __all__ = [
     "eviction_names",
     "expand_grid",
     "fit_attention",
+    "fit_error",
     "fit_timing",
     "get_stack",
     "load_stack",
     "plot_latency_cdf",
     "plot_memory",
     "plot_tenant_shares",
+    "read_timing_csv",
     "results_json",
     "simulate",
     "stack_from_dict",

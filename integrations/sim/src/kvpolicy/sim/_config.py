@@ -1,11 +1,15 @@
 """Configuration of one simulated server: engine limits and the policy stack.
 
-A stack file is YAML with four optional sections, each a component's own config::
+A stack file is YAML with optional sections, each a component's own config::
 
+    gateway:   {name: token-pool, params: {manifest: pools.yaml}, max_retries: 3}
     admission: {name: rate-limited, params: {cap: 5}}
     eviction:  {name: token-pd, budget_fraction: 0.5, interval: 512}
     preemption: {name: least-progressed-first, mode: recompute}
+    tiers:     {name: tiered, params: {dram_bytes: 64e9, disk_bytes: 1e12}}
     engine:    {block_size: 16, prefix_caching: true, max_batch: 256, token_budget: 2048}
+    slo:       {ttft_s: 2.0, tpot_s: 0.1}
+    timing:    {bandwidth_efficiency: 0.75, flops_efficiency: 0.55, overhead_s: 0.0005}
 
 An unknown key anywhere is a :class:`ConfigError` naming the key and the keys allowed.
 """
@@ -26,9 +30,12 @@ __all__ = [
     "AdmissionConfig",
     "EngineConfig",
     "EvictionConfig",
+    "GatewayConfig",
     "PreemptionConfig",
     "SLOConfig",
     "StackConfig",
+    "TiersConfig",
+    "TimingConfig",
     "load_stack",
     "stack_from_dict",
 ]
@@ -130,6 +137,60 @@ class PreemptionConfig:
 
 
 @frozen
+class GatewayConfig:
+    """Which gateway answers requests before the server (429 + Retry-After), and how its
+    clients retry."""
+
+    name: str = field(default="none", validator=instance_of(str))
+    """A name known to :func:`kvpolicy.sim.build_stack`; ``none`` lets every request in."""
+    params: dict[str, Any] = field(factory=dict, converter=_params)
+    """The gateway's own settings (for ``token-pool``, kvpolicy-tenancy's manifest)."""
+    max_retries: int = _int(0, 3)
+    """Denials a client accepts before it gives up on a request (its retries honour each
+    Retry-After)."""
+    min_backoff_s: float = field(default=0.05, converter=float, validator=gt(0.0))
+    """Wait of a client told to retry after 0 seconds, so that a retry is never instant."""
+
+
+@frozen
+class TiersConfig:
+    """Which store keeps KV prefix blocks below HBM (DRAM, disk) once the GPU drops them."""
+
+    name: str = field(default="none", validator=instance_of(str))
+    """A name known to :func:`kvpolicy.sim.build_stack`; ``none`` loses dropped blocks (vLLM's
+    GPU-only prefix cache)."""
+    params: dict[str, Any] = field(factory=dict, converter=_params)
+    """The store's own settings (tier sizes, TTLs)."""
+
+
+def _opt_fraction() -> Any:
+    return field(
+        default=None,
+        converter=attrs.converters.optional(float),
+        validator=optional([gt(0.0), le(1.0)]),
+    )
+
+
+@frozen
+class TimingConfig:
+    """Calibration constants of the roofline time model (``kvpolicy sim fit-timing`` fits
+    them to measurements); ``None`` keeps :class:`~kvpolicy.sim.TimingModel`'s default."""
+
+    bandwidth_efficiency: float | None = _opt_fraction()
+    """``eta_bw``: fraction of HBM bandwidth sustained by decode."""
+    flops_efficiency: float | None = _opt_fraction()
+    """``eta_f``: fraction of peak FLOP/s sustained by prefill."""
+    overhead_s: float | None = field(
+        default=None, converter=attrs.converters.optional(float), validator=optional(ge(0.0))
+    )
+    """Fixed seconds per iteration."""
+
+    def constants(self) -> dict[str, float]:
+        """The constants set, as keyword arguments of :class:`~kvpolicy.sim.TimingModel`."""
+        return {k: v for k, v in attrs.asdict(self).items() if v is not None}
+
+
+@frozen
 class SLOConfig:
     """Latency targets a request must meet to count as served within its SLO."""
 
@@ -159,6 +220,12 @@ class StackConfig:
     """Preemption order and mode."""
     slo: SLOConfig = field(factory=SLOConfig, validator=instance_of(SLOConfig))
     """Latency targets."""
+    gateway: GatewayConfig = field(factory=GatewayConfig, validator=instance_of(GatewayConfig))
+    """Gateway in front of the server and its clients' retries."""
+    tiers: TiersConfig = field(factory=TiersConfig, validator=instance_of(TiersConfig))
+    """Prefix tiers below HBM."""
+    timing: TimingConfig = field(factory=TimingConfig, validator=instance_of(TimingConfig))
+    """Calibration of the time model."""
 
 
 _SECTIONS: dict[str, type] = {
@@ -167,6 +234,9 @@ _SECTIONS: dict[str, type] = {
     "eviction": EvictionConfig,
     "preemption": PreemptionConfig,
     "slo": SLOConfig,
+    "gateway": GatewayConfig,
+    "tiers": TiersConfig,
+    "timing": TimingConfig,
 }
 
 

@@ -2,7 +2,9 @@
 
 One iteration, in order::
 
-    arrivals -> waiting queue
+    arrivals (and clients' retries) -> the gateway, if one runs in front: admitted requests
+        join the waiting queue; a denied one (429) comes back after its Retry-After, until
+        its client gives up
     swapped requests resume (blocks permitting), then the admission policy says how many
         waiting requests join; each must get blocks for its prompt (prefix-cache hits are
         shared), else admission stops at it (vLLM's head-of-line rule)
@@ -15,19 +17,24 @@ One iteration, in order::
         their blocks (full prompt blocks stay cached for reuse, least-recently freed first)
     every ``interval`` iterations the eviction policy observes the attention each resident
         token received and evicts down to its budget; evicted tokens leave the pool
+    cached prompt blocks the pool reuses for other content are offered to the prefix store
+        (DRAM/disk tiers), if one is given; a new prompt's blocks that HBM misses are looked
+        up there and loaded at the tier's speed instead of recomputed
 
 When only decoding requests run and the waiting queue is empty, nothing but KV growth
 changes between iterations, so the engine advances ``k`` iterations at once, with ``k`` the
 distance to the next arrival, completion, eviction round or block shortage. Each of those
 ``k`` iterations keeps its own roofline time, so the result equals ``k`` single steps.
 
-The engine holds no policy: admission, eviction and preemption are Protocol calls. Without
+The engine holds no policy: gateway, admission, eviction, preemption and the tiers below HBM
+are Protocol calls. Without
 an admission policy it admits while blocks last; without a preemption policy it preempts the
 last admitted request first, as vLLM does; without an eviction policy it keeps every token.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -44,12 +51,14 @@ from kvpolicy.kvmodel import (
     CompletionObserver,
     EvictionPolicy,
     PreemptionPolicy,
+    PrefixStore,
     Request,
+    RequestGate,
     SchedulerState,
     SequenceView,
 )
 from kvpolicy.sim._attention import AttentionModel
-from kvpolicy.sim._config import EngineConfig, EvictionConfig, PreemptionConfig
+from kvpolicy.sim._config import EngineConfig, EvictionConfig, GatewayConfig, PreemptionConfig
 from kvpolicy.sim._errors import ConfigError, SimError
 from kvpolicy.sim._timing import TimingModel
 
@@ -111,6 +120,14 @@ class RunRecord:
     attention_recall: float
     """Mean share of the synthetic model's attention mass on resident tokens (1.0 without
     eviction)."""
+    gate_denials: NDArray[np.int64]
+    """(n,) int64 times the gateway denied each request (HTTP 429)."""
+    gave_up: NDArray[np.bool_]
+    """(n,) bool requests whose client stopped retrying after ``max_retries`` denials."""
+    tier_hit_tokens: int = 0
+    """Prompt tokens loaded from the tiers below HBM instead of recomputed."""
+    tier_load_s: float = 0.0
+    """Seconds spent loading them."""
 
 
 class _Seq:
@@ -197,6 +214,10 @@ class Engine:
         preemption_config: recomputation or swap, and the CPU tier.
         attention: synthetic attention-return model fed to the eviction policy.
         seed: seed of the heavy-hitter scores.
+        gate: the gateway in front (429 + Retry-After), or ``None`` (every request enters).
+        gateway_config: how the gateway's clients retry.
+        prefix_store: KV prefix tiers below HBM, or ``None`` (blocks the prefix cache drops
+            are lost).
 
     Raises:
         ConfigError: the KV pool holds less than one block, or the eviction budget is smaller
@@ -215,6 +236,9 @@ class Engine:
         preemption_config: PreemptionConfig | None = None,
         attention: AttentionModel | None = None,
         seed: int = 0,
+        gate: RequestGate | None = None,
+        gateway_config: GatewayConfig | None = None,
+        prefix_store: PrefixStore | None = None,
     ) -> None:
         if not isinstance(timing, TimingModel):
             raise TypeError(f"'timing' must be a TimingModel: {timing!r}")
@@ -224,6 +248,8 @@ class Engine:
             ("admission", admission, AdmissionPolicy),
             ("eviction", eviction, EvictionPolicy),
             ("preemption", preemption, PreemptionPolicy),
+            ("gate", gate, RequestGate),
+            ("prefix_store", prefix_store, PrefixStore),
         ):
             if obj is not None and not isinstance(obj, proto):
                 raise TypeError(f"'{name}' must implement {proto.__name__}: {obj!r}")
@@ -236,6 +262,9 @@ class Engine:
         self._pre_cfg = preemption_config or PreemptionConfig()
         self._attention = attention or AttentionModel()
         self._seed = seed
+        self._gate = gate
+        self._gw_cfg = gateway_config or GatewayConfig()
+        self._store = prefix_store
         bs = engine.block_size
         cap = engine.kv_capacity_tokens
         if cap is None:
@@ -352,7 +381,10 @@ class _Run:
         self.first_admitted = np.full(n, np.nan)
         self.preempt_count = np.zeros(n, dtype=np.int64)
         self.pool = BlockPool(
-            eng._num_blocks, self.cfg.block_size, enable_prefix_caching=self.cfg.prefix_caching
+            eng._num_blocks,
+            self.cfg.block_size,
+            enable_prefix_caching=self.cfg.prefix_caching,
+            record_dropped=eng._store is not None,
         )
         self.bs = self.cfg.block_size
         self.waiting: deque[_Seq] = deque()
@@ -361,6 +393,13 @@ class _Run:
         self.now = 0.0
         self.step = 0
         self.next_arrival = 0
+        self.gate = eng._gate
+        self.store = eng._store
+        self.retries: list[tuple[float, int]] = []  # (time, request index): clients' retries
+        self.denials = np.zeros(n, dtype=np.int64)
+        self.gave_up = np.zeros(n, dtype=np.bool_)
+        self.tier_hit = 0
+        self.tier_load = 0.0
         self.admit_counter = 0
         self.done = 0
         self.total = n
@@ -430,16 +469,45 @@ class _Run:
             )
         )
 
+    def next_event(self) -> float:
+        """Time of the next arrival or client retry (``inf`` when none is left)."""
+        t = math.inf
+        if self.next_arrival < len(self.reqs):
+            t = float(self.arrivals[self.next_arrival])
+        if self.retries and self.retries[0][0] < t:
+            t = self.retries[0][0]
+        return t
+
     def arrive(self) -> None:
         n = len(self.reqs)
         i = self.next_arrival
         while i < n and self.arrivals[i] <= self.now:
             if self.rejected[i]:
                 self.done += 1
-            else:
+            elif self.gate is None:
                 self.waiting.append(_Seq(i, self.reqs[i]))
+            else:
+                self._knock(i)
             i += 1
         self.next_arrival = i
+        while self.retries and self.retries[0][0] <= self.now:
+            self._knock(heapq.heappop(self.retries)[1])
+
+    def _knock(self, i: int) -> None:
+        """Request ``i`` reaches the gateway now (first arrival or a retry)."""
+        assert self.gate is not None
+        decision = self.gate.check(self.reqs[i], self.now)
+        if decision.admitted:
+            self.waiting.append(_Seq(i, self.reqs[i]))
+            return
+        self.denials[i] += 1
+        if self.denials[i] > self.e._gw_cfg.max_retries:
+            self.gave_up[i] = True
+            self.done += 1
+            return
+        # A client honours Retry-After; a zero Retry-After is retried after min_backoff_s.
+        wait = max(decision.retry_after, self.e._gw_cfg.min_backoff_s)
+        heapq.heappush(self.retries, (self.now + wait, i))
 
     # -------------------------------------------------------------------- admission
     def _allocate(self, s: _Seq) -> bool:
@@ -451,7 +519,28 @@ class _Run:
         # The last token is always computed, to produce logits (as vLLM does).
         s.computed = min(alloc.cached_tokens, s.target - 1)
         self.counters["prefix_hit"] += s.computed
+        if self.store is not None:
+            self._offload()
+            hbm = alloc.cached_tokens // self.bs
+            full = min(len(req.prefix_hashes), s.target // self.bs)
+            if hbm < full:
+                # The blocks HBM missed, looked up below it; the pool has already
+                # registered them as cached (they are being written now).
+                got = self.store.fetch(req.prefix_hashes[hbm:full], self.now)
+                loaded = min((hbm + got.blocks) * self.bs, s.target - 1) - s.computed
+                if loaded > 0:
+                    s.computed += loaded
+                    self.tier_hit += loaded
+                    self.tier_load += got.seconds
+                    self.pending_swap_time += got.seconds
         return True
+
+    def _offload(self) -> None:
+        """Offer the prefix store the cached blocks the pool reused since the last call."""
+        assert self.store is not None
+        dropped = self.pool.pop_dropped_hashes()
+        if dropped:
+            self.store.offload(dropped, self.now)
 
     def _join(self, s: _Seq) -> None:
         s.order = self.admit_counter
@@ -676,6 +765,8 @@ class _Run:
     def finish_seq(self, s: _Seq) -> None:
         self.finish[s.idx] = self.now
         self.pool.free(s.rid)
+        if self.gate is not None:
+            self.gate.release(s.req, self.now)
         if self.evicting:
             assert self.e._eviction is not None
             if s.inserted:  # a stream the policy never saw needs no removal
@@ -796,10 +887,11 @@ class _Run:
             times[0] += self.pending_swap_time
             self.pending_swap_time = 0.0
         k = kmax
-        if self.next_arrival < len(self.reqs) and kmax > 1:
+        nxt = self.next_event()
+        if nxt < math.inf and kmax > 1:
             ends = self.now + np.cumsum(times)
-            # Stop at the first iteration that ends at or after the next arrival.
-            k = min(kmax, int(np.searchsorted(ends, self.arrivals[self.next_arrival])) + 1)
+            # Stop at the first iteration that ends at or after the next arrival or retry.
+            k = min(kmax, int(np.searchsorted(ends, nxt)) + 1)
         self.now += float(times[:k].sum())
         self.step += k
         if self.evicting:
@@ -823,9 +915,10 @@ class _Run:
             if self.max_time is not None and self.now > self.max_time:
                 break
             if not self.running and not self.waiting and not self.swapped:
-                if self.next_arrival >= n:
+                nxt = self.next_event()
+                if nxt == math.inf:
                     break
-                self.now = max(self.now, float(self.arrivals[self.next_arrival]))
+                self.now = max(self.now, nxt)
             self.arrive()
             self.admit()
             if not self.running:
@@ -840,6 +933,8 @@ class _Run:
             else:
                 self.mixed_step()
             self.sample()
+            if self.store is not None:
+                self._offload()
             if self.progress is not None and self.done // report_every != last_report:
                 last_report = self.done // report_every
                 self.progress(self.done, n)
@@ -869,4 +964,8 @@ class _Run:
             swapped_tokens=self.counters["swapped"],
             prefix_hit_tokens=self.counters["prefix_hit"],
             attention_recall=self.recall_sum / self.recall_n if self.recall_n else 1.0,
+            gate_denials=self.denials,
+            gave_up=self.gave_up,
+            tier_hit_tokens=self.tier_hit,
+            tier_load_s=self.tier_load,
         )

@@ -27,8 +27,12 @@ class TenantSummary:
     """Requests that arrived."""
     admissions: int
     """Requests admitted to the running batch at least once."""
+    rejected: int
+    """Requests refused by the server because they can never fit."""
     denials: int
-    """Requests refused (too long to ever fit; a gateway's 429s once one runs in front)."""
+    """429 answers from the gateway (a request denied twice counts twice)."""
+    gave_up: int
+    """Requests whose client stopped retrying after its last allowed denial."""
     completed: int
     """Requests finished."""
     slo_attainment: float
@@ -81,6 +85,14 @@ class Summary:
     """Tokens moved over PCIe to and from the CPU tier."""
     prefix_hit_tokens: int
     """Prompt tokens served from the prefix cache."""
+    tier_hit_tokens: int
+    """Prompt tokens loaded from the tiers below HBM (DRAM, disk) instead of recomputed."""
+    tier_load_s: float
+    """Seconds spent loading them."""
+    gate_denials: int
+    """429 answers from the gateway."""
+    gave_up: int
+    """Requests abandoned by their clients after repeated 429s."""
     attention_recall: float
     """Mean share of attention mass on resident tokens (synthetic model; 1.0 without
     eviction)."""
@@ -165,7 +177,9 @@ def summarize(record: RunRecord, slo: SLOConfig, gpu: GPUSpec) -> Summary:
                 tenant=str(name),
                 requests=int(m.sum()),
                 admissions=int((admitted & m).sum()),
-                denials=int((record.rejected & m).sum()),
+                rejected=int((record.rejected & m).sum()),
+                denials=int(record.gate_denials[m].sum()),
+                gave_up=int((record.gave_up & m).sum()),
                 completed=int((done & m).sum()),
                 slo_attainment=float((within & m).sum() / m.sum()),
                 ttft_p95_s=_pct(ttft[m & done])["p95"],
@@ -195,6 +209,10 @@ def summarize(record: RunRecord, slo: SLOConfig, gpu: GPUSpec) -> Summary:
         recomputed_tokens=record.recomputed_tokens,
         swapped_tokens=record.swapped_tokens,
         prefix_hit_tokens=record.prefix_hit_tokens,
+        tier_hit_tokens=record.tier_hit_tokens,
+        tier_load_s=record.tier_load_s,
+        gate_denials=int(record.gate_denials.sum()),
+        gave_up=int(record.gave_up.sum()),
         attention_recall=record.attention_recall,
         iterations=record.iterations,
         iterations_per_s=record.iterations / duration if duration > 0 else math.nan,

@@ -45,6 +45,9 @@ _ROWS: tuple[tuple[str, str], ...] = (
     ("preemptions", "preemptions"),
     ("recomputed_tokens", "recomputed tokens"),
     ("prefix_hit_tokens", "prefix-cache hit tokens"),
+    ("tier_hit_tokens", "tier hit tokens (DRAM/disk)"),
+    ("gate_denials", "gateway 429s"),
+    ("gave_up", "requests given up"),
     ("slo_attainment", "SLO attainment"),
     ("cost_per_1k_requests_usd", "cost per 1k requests ($)"),
 )
@@ -175,9 +178,10 @@ def plot_latency_cdf(results: Sequence[SimResult], path: pathlib.Path) -> pathli
 
 
 def plot_tenant_shares(results: Sequence[SimResult], path: pathlib.Path) -> pathlib.Path:
-    """Per-tenant share of output tokens served and SLO attainment, grouped by run."""
+    """Per-tenant share of output tokens served, SLO attainment and gateway 429s per
+    request, grouped by run."""
     plt = _figure()
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=110)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), dpi=110)
     tenants = sorted({t.tenant for r in results for t in r.summary.tenants})
     width = 0.8 / max(len(results), 1)
     x = np.arange(len(tenants))
@@ -185,12 +189,16 @@ def plot_tenant_shares(results: Sequence[SimResult], path: pathlib.Path) -> path
         rows = {t.tenant: t for t in r.summary.tenants}
         share = [rows[t].share_of_tokens if t in rows else 0.0 for t in tenants]
         slo = [rows[t].slo_attainment if t in rows else 0.0 for t in tenants]
+        denied = [rows[t].denials / rows[t].requests if t in rows else 0.0 for t in tenants]
         axes[0].bar(x + i * width, share, width, label=r.stack)
         axes[1].bar(x + i * width, slo, width, label=r.stack)
-    for ax, name in zip(axes, ("share of output tokens", "SLO attainment"), strict=True):
+        axes[2].bar(x + i * width, denied, width, label=r.stack)
+    names = ("share of output tokens", "SLO attainment", "gateway 429s per request")
+    for ax, name in zip(axes, names, strict=True):
         ax.set_xticks(x + 0.4 - width / 2, tenants, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(name)
-        ax.set_ylim(0, 1.05)
+    axes[0].set_ylim(0, 1.05)
+    axes[1].set_ylim(0, 1.05)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
@@ -205,6 +213,33 @@ def _html_table(results: Sequence[SimResult]) -> str:
         cells = "".join(f"<td>{_fmt(_value(r, key))}</td>" for r in results)
         rows.append(f"<tr><th>{html.escape(label)}</th>{cells}</tr>")
     return f"<table><tr><th>figure</th>{head}</tr>{''.join(rows)}</table>"
+
+
+_TENANT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("requests", "requests"),
+    ("admissions", "admitted"),
+    ("denials", "429s"),
+    ("gave_up", "given up"),
+    ("rejected", "rejected"),
+    ("completed", "completed"),
+    ("slo_attainment", "SLO attainment"),
+    ("ttft_p95_s", "TTFT p95 (s)"),
+    ("share_of_tokens", "token share"),
+)
+
+
+def _html_tenants(results: Sequence[SimResult]) -> str:
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label in _TENANT_COLUMNS)
+    rows = []
+    for r in results:
+        for t in r.summary.tenants:
+            cells = "".join(
+                f"<td>{_fmt(float(getattr(t, key)))}</td>" for key, _ in _TENANT_COLUMNS
+            )
+            rows.append(
+                f"<tr><th>{html.escape(r.stack)}</th><th>{html.escape(t.tenant)}</th>{cells}</tr>"
+            )
+    return f"<table><tr><th>stack</th><th>tenant</th>{head}</tr>{''.join(rows)}</table>"
 
 
 def write_report(
@@ -241,6 +276,8 @@ th:first-child{{text-align:left}}img{{max-width:100%}}</style></head>
 <p>{len(first.record.requests):,} requests. Figures from kvpolicy-sim's roofline time model;
 see results.json for every figure.</p>
 {_html_table(results)}
+<h2>Tenants</h2>
+{_html_tenants(results)}
 {images}
 </body></html>
 """

@@ -45,7 +45,7 @@ def _engine(
     seed: int,
 ) -> Engine:
     return Engine(
-        timing if timing is not None else TimingModel(model, gpu),
+        timing if timing is not None else TimingModel(model, gpu, **cfg.timing.constants()),
         cfg.engine,
         admission=built.admission,
         eviction=built.eviction,
@@ -54,6 +54,9 @@ def _engine(
         preemption_config=cfg.preemption,
         attention=attention,
         seed=seed,
+        gate=built.gate,
+        gateway_config=cfg.gateway,
+        prefix_store=built.prefix_store,
     )
 
 

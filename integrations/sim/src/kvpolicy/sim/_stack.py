@@ -13,7 +13,13 @@ from typing import Any
 
 from attrs import frozen
 
-from kvpolicy.kvmodel import AdmissionPolicy, EvictionPolicy, PreemptionPolicy
+from kvpolicy.kvmodel import (
+    AdmissionPolicy,
+    EvictionPolicy,
+    PreemptionPolicy,
+    PrefixStore,
+    RequestGate,
+)
 from kvpolicy.sim._config import StackConfig
 from kvpolicy.sim._errors import ConfigError
 
@@ -50,6 +56,10 @@ class Stack:
     """Token eviction to a budget."""
     preemption: PreemptionPolicy | None
     """Order of preemption."""
+    gate: RequestGate | None = None
+    """Gateway in front of the server (429 + Retry-After)."""
+    prefix_store: PrefixStore | None = None
+    """KV prefix tiers below HBM."""
 
 
 def eviction_names() -> tuple[str, ...]:

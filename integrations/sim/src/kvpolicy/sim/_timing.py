@@ -20,7 +20,9 @@ millisecond per step). :func:`fit_timing` replaces them with a fit to a user's m
 
 from __future__ import annotations
 
+import csv
 import math
+import pathlib
 
 import attrs
 import numpy as np
@@ -30,7 +32,9 @@ from numpy.typing import NDArray
 
 from kvpolicy.kvmodel import GPUSpec, ModelSpec
 
-__all__ = ["TimingModel", "fit_timing"]
+__all__ = ["TimingModel", "fit_error", "fit_timing", "read_timing_csv"]
+
+_CSV_COLUMNS = ("batch", "tokens", "seconds", "kv_tokens")
 
 
 @frozen
@@ -114,11 +118,13 @@ def fit_timing(
 ) -> TimingModel:
     """Fit the calibration constants of :class:`TimingModel` to measured iterations.
 
-    The fit searches a log-spaced grid of ``eta_bw`` and ``eta_f`` in [0.05, 1], zooming in
-    four times around the best cell; for each pair the overhead is the mean residual
-    (clipped at 0). A grid is robust to which side of the roofline each row lies on, which
-    a linearisation would have to guess; once the grid has decided that, a linear least
-    squares in ``(overhead, 1/eta_bw, 1/eta_f)`` polishes the estimate.
+    The fit minimises the squared *relative* error, so that short iterations (decode at
+    small batch) weigh as much as long prefills. It searches a log-spaced grid of ``eta_bw``
+    and ``eta_f`` in [0.05, 1], zooming in four times around the best cell; for each pair
+    the overhead is the weighted mean residual (clipped at 0). A grid is robust to which
+    side of the roofline each row lies on, which a linearisation would have to guess; once
+    the grid has decided that, a weighted linear least squares in
+    ``(overhead, 1/eta_bw, 1/eta_f)`` polishes the estimate.
 
     Args:
         model: the model measured.
@@ -143,6 +149,9 @@ def fit_timing(
     mem = model.weight_bytes() + base.kv_bytes_per_token * kv
     # Attention pairs are not measured separately; the context read stands in for them.
     flops = 2.0 * model.num_params * tokens + base._attn_flops_per_pair * kv
+    if np.any(seconds <= 0):
+        raise ValueError("'rows' must have measured seconds > 0")
+    w = 1.0 / seconds**2  # relative squared error
     lo_bw, hi_bw, lo_f, hi_f = math.log(0.05), 0.0, math.log(0.05), 0.0
     best = (1.0, 1.0, 0.0)
     for _ in range(4):  # zoom in: each level spans two cells of the previous one
@@ -151,8 +160,9 @@ def fit_timing(
         t_mem = mem[None, :] / (g_bw[:, None] * gpu.hbm_bandwidth)  # (48, n)
         t_flops = flops[None, :] / (g_f[:, None] * gpu.peak_flops)  # (48, n)
         roof = np.maximum(t_mem[:, None, :], t_flops[None, :, :])  # (48 bw, 48 f, n)
-        overhead = np.clip((seconds[None, None, :] - roof).mean(axis=2), 0.0, None)
-        err = ((roof + overhead[:, :, None] - seconds[None, None, :]) ** 2).sum(axis=2)
+        resid = seconds[None, None, :] - roof
+        overhead = np.clip((resid * w).sum(axis=2) / w.sum(), 0.0, None)
+        err = (((roof + overhead[:, :, None] - seconds[None, None, :]) ** 2) * w).sum(axis=2)
         i, j = np.unravel_index(int(np.argmin(err)), err.shape)
         best = (float(g_bw[i]), float(g_f[j]), float(overhead[i, j]))
         step_bw = (hi_bw - lo_bw) / 47
@@ -180,7 +190,7 @@ def _refine(
 
     def sse(p: tuple[float, float, float]) -> float:
         pred = p[2] + np.maximum(mem / (p[0] * gpu.hbm_bandwidth), flops / (p[1] * gpu.peak_flops))
-        return float(((pred - seconds) ** 2).sum())
+        return float((((pred - seconds) / seconds) ** 2).sum())
 
     best, best_err = start, sse(start)
     for _ in range(10):
@@ -192,7 +202,7 @@ def _refine(
                 np.where(membound, 0.0, flops / gpu.peak_flops),
             )
         )
-        coef, *_ = np.linalg.lstsq(a, seconds, rcond=None)
+        coef, *_ = np.linalg.lstsq(a / seconds[:, None], np.ones(len(seconds)), rcond=None)
         inv_bw = coef[1] if membound.any() else 1.0 / best[0]
         inv_f = coef[2] if (~membound).any() else 1.0 / best[1]
         if coef[0] < 0 or inv_bw < 1.0 or inv_f < 1.0:
@@ -203,3 +213,70 @@ def _refine(
             break
         best, best_err = cand, err
     return best
+
+
+def read_timing_csv(path: str | pathlib.Path) -> NDArray[np.float64]:
+    """Read measured iterations for :func:`fit_timing` from a CSV file.
+
+    The header names the columns ``batch,tokens,seconds`` and optionally ``kv_tokens``, in
+    any order (other columns are ignored); each row is one measured iteration.
+
+    Returns:
+        (n, 4) float64 rows ``(batch, tokens, seconds, kv_tokens)``; ``kv_tokens`` is 0 when
+        the file has no such column.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a missing column, or a row that is not finite and non-negative (named
+            with the file and line), or fewer than two rows.
+    """
+    p = pathlib.Path(path)
+    with p.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        missing = [c for c in _CSV_COLUMNS[:3] if c not in header]
+        if missing:
+            raise ValueError(
+                f"{p}: missing column(s) {', '.join(missing)}; the header must name "
+                f"batch,tokens,seconds[,kv_tokens]: got {','.join(header) or '(empty)'}"
+            )
+        rows: list[list[float]] = []
+        for row in reader:
+            line = reader.line_num
+            values = []
+            for col in _CSV_COLUMNS:
+                raw = row.get(col) if col in header else "0"
+                try:
+                    v = float(raw if raw is not None else "")
+                except ValueError:
+                    raise ValueError(
+                        f"{p}:{line}: column {col!r} is not a number: {raw!r}"
+                    ) from None
+                if not math.isfinite(v) or v < 0:
+                    raise ValueError(f"{p}:{line}: column {col!r} must be finite and >= 0: {raw!r}")
+                values.append(v)
+            rows.append(values)
+    if len(rows) < 2:
+        raise ValueError(f"{p}: needs at least 2 measured rows to fit, got {len(rows)}")
+    return np.asarray(rows, dtype=np.float64)
+
+
+def fit_error(timing: TimingModel, rows: NDArray[np.float64]) -> dict[str, float]:
+    """How well ``timing`` predicts measured rows ``(batch, tokens, seconds[, kv_tokens])``.
+
+    Returns:
+        ``median_rel_error`` and ``max_rel_error`` (of ``|predicted - measured| / measured``)
+        and ``r2``, the coefficient of determination.
+    """
+    arr = np.asarray(rows, dtype=np.float64)
+    kv = arr[:, 3] if arr.shape[1] > 3 else np.zeros(len(arr))
+    pred = np.array([timing.iteration_time(t, k, k) for t, k in zip(arr[:, 1], kv, strict=True)])
+    measured = arr[:, 2]
+    rel = np.abs(pred - measured) / np.maximum(measured, 1e-12)
+    ss = float(((measured - measured.mean()) ** 2).sum())
+    r2 = 1.0 - float(((pred - measured) ** 2).sum()) / ss if ss > 0 else math.nan
+    return {
+        "median_rel_error": float(np.median(rel)),
+        "max_rel_error": float(rel.max()),
+        "r2": r2,
+    }

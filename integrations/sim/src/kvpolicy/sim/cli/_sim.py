@@ -385,3 +385,94 @@ def sweep_cmd(
             f"{s['slo_attainment']:.3f}",
         )
     Console().print(table)
+
+
+@group.command("fit-timing")
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(path_type=pathlib.Path, dir_okay=False),
+    required=True,
+    help="Measured iterations: a header naming batch,tokens,seconds[,kv_tokens].",
+)
+@click.option("--model", default="Llama-3-8B", show_default=True, help="Model measured.")
+@click.option("--gpu", default="H100-SXM", show_default=True, help="Device measured.")
+@click.option(
+    "--dtype-bytes",
+    type=float,
+    default=None,
+    help="Bytes per weight and KV element as measured (e.g. 4 for fp32); default the model's.",
+)
+@click.option("--bandwidth", type=float, default=None, help="Override the device's B/s.")
+@click.option("--flops", type=float, default=None, help="Override the device's peak FLOP/s.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=pathlib.Path, dir_okay=False),
+    default=None,
+    help="Write a stack file holding the fitted `timing` section.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def fit_timing_cmd(
+    csv_path: pathlib.Path,
+    model: str,
+    gpu: str,
+    dtype_bytes: float | None,
+    bandwidth: float | None,
+    flops: float | None,
+    out: pathlib.Path | None,
+    as_json: bool,
+) -> None:
+    """Fit the time model's calibration constants to measured iterations."""
+    import attrs
+    import yaml
+
+    from kvpolicy.sim import TimingModel, fit_error, fit_timing, read_timing_csv
+
+    m, g = _specs(model, gpu)
+    try:
+        if dtype_bytes is not None:
+            m = attrs.evolve(m, kv_dtype_bytes=dtype_bytes, weight_dtype_bytes=dtype_bytes)
+        if bandwidth is not None:
+            g = attrs.evolve(g, name=f"{g.name} (given B/s)", hbm_bandwidth=bandwidth)
+        if flops is not None:
+            g = attrs.evolve(g, name=f"{g.name} (given FLOP/s)", peak_flops=flops)
+        rows = read_timing_csv(csv_path)
+        fit = fit_timing(m, g, rows)
+    except _ERRORS as exc:
+        raise click.UsageError(str(exc)) from exc
+    constants = {
+        "bandwidth_efficiency": round(fit.bandwidth_efficiency, 6),
+        "flops_efficiency": round(fit.flops_efficiency, 6),
+        "overhead_s": round(fit.overhead_s, 9),
+    }
+    fitted_err = fit_error(fit, rows)
+    default_err = fit_error(TimingModel(m, g), rows)
+    doc = {
+        "model": m.name,
+        "gpu": g.name,
+        "rows": len(rows),
+        "timing": constants,
+        "fit": fitted_err,
+        "defaults": default_err,
+    }
+    if out is not None:
+        out.write_text(yaml.safe_dump({"timing": constants}, sort_keys=False), encoding="utf-8")
+    if as_json:
+        click.echo(json.dumps(doc))
+        return
+    from rich.table import Table
+
+    table = Table(
+        title=f"time model fitted to {len(rows)} iterations of {m.name} on {g.name}",
+        title_justify="left",
+    )
+    for col in ("constant", "fitted", "default"):
+        table.add_column(col, justify="right" if col != "constant" else "left")
+    base = TimingModel(m, g)
+    for key, value in constants.items():
+        table.add_row(key, f"{value:.4g}", f"{getattr(base, key):.4g}")
+    for key in ("median_rel_error", "max_rel_error", "r2"):
+        table.add_row(key, f"{fitted_err[key]:.3f}", f"{default_err[key]:.3f}")
+    Console().print(table)
+    if out is not None:
+        click.echo(f"wrote {out} (use it as a stack file, or copy its timing section)")
