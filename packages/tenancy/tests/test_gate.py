@@ -1,0 +1,286 @@
+"""TokenPoolGate: the ordered checks of seed 004 §4.3, state, debt and burst updates."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+
+from kvpolicy.kvmodel import GateDecision, Request, RequestGate, get_model
+from kvpolicy.tenancy import (
+    EntitlementState,
+    GateConfig,
+    Resources,
+    TokenEntitlement,
+    TokenPool,
+    TokenPoolGate,
+    UnknownRequestError,
+    priority_weight,
+)
+
+MakeRequest = Callable[..., Request]
+BPT = 100  # KV bytes per token: a 64-token prompt is charged 128 tokens and 12,800 bytes
+
+
+def _pool(*ents: TokenEntitlement, slots: int = 16, tps: float = 240) -> TokenPool:
+    return TokenPool("p", Resources(tps, 10**7, slots), ents)
+
+
+def _decisions(gate: TokenPoolGate, reqs: list[Request], time: float = 0.0) -> list[str]:
+    return [gate.check(r, time).reason or "ok" for r in reqs]
+
+
+class TestOrderedChecks:
+    def test_is_a_request_gate(self, small_pool: TokenPool) -> None:
+        """The gate implements kvmodel's RequestGate Protocol."""
+        assert isinstance(TokenPoolGate(small_pool, BPT), RequestGate)
+
+    def test_unknown_tenant(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
+        """A tenant without entitlement is denied, with the longest Retry-After."""
+        gate = TokenPoolGate(small_pool, BPT)
+        decision = gate.check(make_request("nobody"), 0.0)
+        assert decision == GateDecision(admitted=False, retry_after=60.0, reason="unknown-tenant")
+        assert gate.pool_state().in_flight == 0
+
+    def test_default_entitlement(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
+        """With a default entitlement each unknown tenant gets its own copy of it."""
+        default = TokenEntitlement("*", "spot", Resources(100, 10**6, 1), max_output_tokens=64)
+        gate = TokenPoolGate(small_pool, BPT, default_entitlement=default)
+        assert _decisions(gate, [make_request("x"), make_request("y"), make_request("x")]) == [
+            "ok",
+            "ok",
+            "concurrency",
+        ]
+        assert gate.entitlement("x") == TokenEntitlement(
+            "x", "spot", Resources(100, 10**6, 1), max_output_tokens=64
+        )
+
+    def test_default_entitlement_cannot_reserve(self, small_pool: TokenPool) -> None:
+        """A guaranteed default entitlement is refused."""
+        default = TokenEntitlement("*", "guaranteed", Resources(1, 1, 1))
+        with pytest.raises(ValueError, match="'default_entitlement' must not reserve capacity"):
+            TokenPoolGate(small_pool, BPT, default_entitlement=default)
+
+    def test_oversized(self, make_request: MakeRequest) -> None:
+        """A request that can never fit its entitlement is denied as oversized."""
+        ent = TokenEntitlement("a", "spot", Resources(1, 10**6, 4), max_output_tokens=10)
+        gate = TokenPoolGate(_pool(ent), BPT)
+        decision = gate.check(make_request("a", prompt_len=51), 0.0)  # 61 tokens > 60 s * 1/s
+        assert (decision.reason, decision.retry_after) == ("oversized", 60.0)
+        assert gate.usage("a") == EntitlementState()
+
+    def test_concurrency(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
+        """Spot's ninth request finds its 8 slots taken; one completes in 1024 / (120 * 8) s."""
+        gate = TokenPoolGate(small_pool, BPT)
+        reqs = [make_request("s") for _ in range(9)]
+        assert _decisions(gate, reqs) == ["ok"] * 8 + ["concurrency"]
+        assert gate.check(make_request("s"), 0.0).retry_after == pytest.approx(1024 / 960)
+
+    def test_tokens(self, make_request: MakeRequest) -> None:
+        """A bucket of 60 tokens at 1 token/s funds two 30-token requests, then waits 30 s."""
+        ent = TokenEntitlement("a", "spot", Resources(1, 10**6, 100), max_output_tokens=10)
+        gate = TokenPoolGate(_pool(ent), BPT)
+        reqs = [make_request("a", prompt_len=20) for _ in range(3)]
+        assert _decisions(gate, reqs) == ["ok", "ok", "tokens"]
+        assert gate.check(make_request("a", prompt_len=20), 0.0).retry_after == 30.0
+        assert _decisions(gate, [make_request("a", prompt_len=20)], time=30.0) == ["ok"]
+
+    def test_kv_cache(self, make_request: MakeRequest) -> None:
+        """30,000 KV bytes hold two requests of 12,800; the third waits for 8,400 bytes."""
+        ent = TokenEntitlement("a", "spot", Resources(128, 30_000, 10), max_output_tokens=64)
+        gate = TokenPoolGate(_pool(ent), BPT)
+        reqs = [make_request("a") for _ in range(3)]
+        assert _decisions(gate, reqs) == ["ok", "ok", "kv-cache"]
+        # Two requests of 128 tokens drain at 128 tokens/s: one completion a second, each
+        # freeing 12,800 bytes.
+        assert gate.check(make_request("a"), 0.0).retry_after == pytest.approx(8400 / 12800)
+
+    def test_checks_in_order(self, make_request: MakeRequest) -> None:
+        """Concurrency is checked before tokens and tokens before KV."""
+        ent = TokenEntitlement("a", "spot", Resources(2.2, 12_800, 1), max_output_tokens=64)
+        gate = TokenPoolGate(_pool(ent), BPT)
+        assert _decisions(gate, [make_request("a"), make_request("a")]) == ["ok", "concurrency"]
+
+    def test_priority_under_contention(
+        self, small_pool: TokenPool, make_request: MakeRequest
+    ) -> None:
+        """On a full pool spot is denied, elastic displaces spot, guaranteed uses its reserve."""
+        gate = TokenPoolGate(small_pool, BPT)
+        es = [make_request("e") for _ in range(8)]
+        ss = [make_request("s") for _ in range(8)]
+        assert _decisions(gate, es + ss) == ["ok"] * 16
+        assert gate.check(make_request("g"), 0.0).admitted  # reserved: pool now 17 of 16
+        assert gate.threshold() == 0.25  # spot: 1 / (1 + 2 * 3 / 2)
+        gate.release(ss[0], 0.0)
+        decision = gate.check(make_request("s"), 0.0)
+        # 16 requests of 128 tokens drain at 240 tokens/s: 1.875 completions a second, and
+        # one must complete before a slot is free.
+        assert decision == GateDecision(False, 1 / 1.875, "priority")
+        gate.release(es[0], 0.0)
+        assert gate.check(make_request("e"), 0.0).admitted  # 33.3 > 0.25
+        assert gate.pool_state().in_flight == 17
+
+    def test_priorities(self, small_pool: TokenPool) -> None:
+        """Weights follow eq. (1) with the pool mean SLO of 2 s."""
+        gate = TokenPoolGate(small_pool, BPT)
+        assert [gate.priority(t) for t in "ges"] == [500.0, pytest.approx(100 / 3), 0.25]
+        with pytest.raises(KeyError, match="'tenant' has no entitlement: 'x'"):
+            gate.priority("x")
+
+    def test_threshold_is_infinite_when_idle(self, small_pool: TokenPool) -> None:
+        """With nothing in flight nothing can be displaced."""
+        assert TokenPoolGate(small_pool, BPT).threshold() == float("inf")
+
+    def test_bytes_per_token_from_model(self, small_pool: TokenPool) -> None:
+        """A ModelSpec gives its KV bytes per token."""
+        model = get_model("Llama-3-8B")
+        gate = TokenPoolGate(small_pool, model)
+        assert gate.bytes_per_token == model.kv_bytes_per_token() == 131072
+
+
+class TestStateConsistency:
+    def test_denied_holds_nothing(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
+        """A denied request changes no in-flight counter."""
+        gate = TokenPoolGate(small_pool, BPT)
+        _decisions(gate, [make_request("s") for _ in range(8)])
+        before = gate.pool_state()
+        assert not gate.check(make_request("s"), 0.0).admitted
+        assert gate.pool_state() == before
+        assert gate.usage("s").in_flight == 8
+
+    def test_release_returns_everything(
+        self, small_pool: TokenPool, make_request: MakeRequest
+    ) -> None:
+        """After every admitted request is released the counters are zero."""
+        gate = TokenPoolGate(small_pool, BPT)
+        reqs = [make_request(t) for t in "gggesse"]
+        assert _decisions(gate, reqs) == ["ok"] * 7
+        assert gate.pool_state().reserved_used_slots == 3
+        for r in reqs:
+            gate.release(r, 1.0)
+        ps = gate.pool_state()
+        assert (ps.in_flight, ps.kv_bytes, ps.tokens) == (0, 0, 0)
+        assert (ps.protected_in_flight, ps.protected_kv_bytes) == (0, 0)
+        assert (ps.reserved_used_slots, ps.reserved_used_kv_bytes) == (0, 0)
+        for t in "ges":
+            u = gate.usage(t)
+            assert (u.in_flight, u.kv_bytes, u.tokens) == (0, 0, 0)
+
+    def test_release_refunds_unused_tokens(
+        self, small_pool: TokenPool, make_request: MakeRequest
+    ) -> None:
+        """A request charged 128 tokens that used 80 gives 48 back to the bucket."""
+        gate = TokenPoolGate(small_pool, BPT)
+        req = make_request("s", prompt_len=64, decode_len=16)
+        gate.check(req, 0.0)
+        assert gate.usage("s").bucket == 7200 - 128
+        gate.release(req, 0.0)
+        assert gate.usage("s").bucket == 7200 - 80
+        assert gate.usage("s").served == 80
+
+    def test_release_unknown(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
+        """Releasing a request never admitted, or twice, raises and changes nothing."""
+        gate = TokenPoolGate(small_pool, BPT)
+        req = make_request("s")
+        gate.check(req, 0.0)
+        gate.release(req, 0.0)
+        before = (gate.pool_state(), gate.usage("s"))
+        with pytest.raises(UnknownRequestError, match=re.escape(f"'request' {req.request_id!r}")):
+            gate.release(req, 0.0)
+        with pytest.raises(UnknownRequestError, match="never admitted, or released already"):
+            gate.release(make_request("s"), 0.0)
+        assert (gate.pool_state(), gate.usage("s")) == before
+
+    def test_check_twice(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
+        """Checking a request that is in flight raises and changes nothing."""
+        gate = TokenPoolGate(small_pool, BPT)
+        req = make_request("s")
+        gate.check(req, 0.0)
+        before = gate.usage("s")
+        with pytest.raises(ValueError, match="is already admitted and not released"):
+            gate.check(req, 0.0)
+        assert gate.usage("s") == before
+
+    def test_bad_arguments(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
+        """Bad times, requests and settings name the parameter."""
+        gate = TokenPoolGate(small_pool, BPT)
+        with pytest.raises(ValueError, match="'time' must be finite and >= 0: -1"):
+            gate.check(make_request("s"), -1)
+        with pytest.raises(TypeError, match="'time' must be a number: None"):
+            gate.check(make_request("s"), None)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="'request' must be Request: 'r'"):
+            gate.check("r", 0.0)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="'bytes_per_token' must be > 0: 0"):
+            TokenPoolGate(small_pool, 0)
+        with pytest.raises(TypeError, match="'store' must implement StateStore"):
+            TokenPoolGate(small_pool, 1, store={})  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="'max_retry_s' must be >= 'min_retry_s'"):
+            GateConfig(min_retry_s=2, max_retry_s=1)
+        assert gate.pool_state().in_flight == 0
+
+
+class TestCapacity:
+    def test_shrink_contends(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
+        """After an outage halves the slots spot is denied; higher classes displace it."""
+        gate = TokenPoolGate(small_pool, BPT)
+        assert _decisions(gate, [make_request("s") for _ in range(7)]) == ["ok"] * 7
+        gate.set_capacity(Resources(120, 10**6, 8), 1.0)
+        assert _decisions(gate, [make_request(t) for t in "sseg"], 1.0) == [
+            "ok",
+            "priority",
+            "ok",
+            "ok",
+        ]
+        assert gate.pool_state().in_flight == 10
+
+    def test_reserved_must_fit(self, small_pool: TokenPool) -> None:
+        """Capacity below the reserved baselines is refused and nothing changes."""
+        gate = TokenPoolGate(small_pool, BPT)
+        before = gate.pool_state()
+        with pytest.raises(ValueError, match="reserved baselines need concurrency=4"):
+            gate.set_capacity(Resources(240, 10**6, 3), 1.0)
+        assert gate.pool_state() == before
+
+
+class TestDebtAndBurst:
+    def _two_elastic(self) -> TokenPoolGate:
+        hi = TokenEntitlement(
+            "hi", "elastic", Resources(120, 10**6, 2), slo_target_s=0.5, max_output_tokens=64
+        )
+        lo = TokenEntitlement(
+            "lo", "elastic", Resources(120, 10**6, 2), slo_target_s=30.0, max_output_tokens=64
+        )
+        return TokenPoolGate(_pool(hi, lo, slots=2), BPT)
+
+    def test_debt_accrues_and_decays(self, make_request: MakeRequest) -> None:
+        """Unmet demand of 25.6 of 120 tokens/s gives debt 0.3 * 0.2133; then it decays by 0.7."""
+        gate = self._two_elastic()
+        his = [make_request("hi"), make_request("hi")]
+        assert _decisions(gate, [*his, make_request("lo")]) == ["ok", "ok", "priority"]
+        gate.release(his[0], 5.0)  # runs the update due at t = 5
+        assert gate.usage("lo").debt == pytest.approx(0.3 * 25.6 / 120)
+        lo_weight = priority_weight(100, 30.0, 15.25, debt=0.3 * 25.6 / 120)
+        assert gate.priority("lo") == pytest.approx(lo_weight)
+        gate.release(his[1], 30.0)  # five more updates with nothing asked
+        assert gate.usage("lo").debt == pytest.approx(0.3 * 25.6 / 120 * 0.7**5)
+
+    def test_burst_accrues(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
+        """Elastic holding 8 slots on a 4-slot baseline bursts (eq. 3) and loses priority."""
+        gate = TokenPoolGate(small_pool, BPT)
+        es = [make_request("e") for _ in range(8)]
+        assert _decisions(gate, es) == ["ok"] * 8
+        assert gate.check(make_request("s"), 5.0).admitted  # runs the update due at t = 5
+        # served 1024 tokens in 5 s: 204.8 / 60 - 1; KV 102,400 of 250,000; 8 / 4 - 1
+        delta = 204.8 / 60 - 1 + 0 + 1
+        assert gate.usage("e").burst == pytest.approx(0.3 * delta)
+        assert gate.usage("e").debt == pytest.approx(0.3 * -1.0)  # served over 3x baseline
+        expected = priority_weight(100, 2.0, 2.0, burst=0.3 * delta, debt=-0.3)
+        assert gate.priority("e") == pytest.approx(expected)
+
+    def test_spot_has_no_debt(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
+        """Spot denials accrue no debt."""
+        gate = TokenPoolGate(small_pool, BPT)
+        _decisions(gate, [make_request("s") for _ in range(12)])
+        gate.check(make_request("g"), 10.0)
+        assert gate.usage("s").debt == 0.0

@@ -1,0 +1,108 @@
+"""Token-pool manifests."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from typing import Any
+
+import pytest
+
+from kvpolicy.tenancy import ManifestError, Resources, dump_manifest, load_manifest
+
+MANIFEST: dict[str, Any] = {
+    "pool": {
+        "name": "qwen3-8b",
+        "capacity": {"tokens_per_s": 240, "kv_cache_gib": 16, "concurrency": 16},
+    },
+    "entitlements": [
+        {
+            "tenant": "sample",
+            "service_class": "guaranteed",
+            "slo_target_s": 0.2,
+            "baseline": {"tokens_per_s": 100, "kv_cache_gib": 2, "concurrency": 4},
+        },
+        {
+            "tenant": "batch",
+            "service_class": "spot",
+            "max_output_tokens": 512,
+            "baseline": {"tokens_per_s": 50, "kv_bytes": 1000, "concurrency": 2},
+            "burst": {"tokens_per_s": 100, "kv_bytes": 2000, "concurrency": 4},
+        },
+    ],
+}
+
+
+class TestLoadManifest:
+    def test_mapping(self) -> None:
+        """The §4.2 example loads, with KV given in GiB."""
+        pool = load_manifest(MANIFEST)
+        assert pool.capacity == Resources(240, 16 * 2**30, 16)
+        sample = pool.entitlement("sample")
+        assert sample is not None
+        assert (sample.service_class.name, sample.slo_target_s, sample.baseline.kv_bytes) == (
+            "guaranteed",
+            0.2,
+            2 * 2**30,
+        )
+        batch = pool.entitlement("batch")
+        assert batch is not None
+        assert (batch.max_output_tokens, batch.limits.concurrency) == (512, 4)
+
+    def test_round_trip(self) -> None:
+        """dump_manifest then load_manifest gives the same pool."""
+        pool = load_manifest(MANIFEST)
+        assert load_manifest(dump_manifest(pool)) == pool
+
+    def test_json_and_yaml_files(self, tmp_path: pathlib.Path) -> None:
+        """JSON and YAML files load to the same pool."""
+        yaml = pytest.importorskip("yaml", reason="PyYAML (the 'yaml' extra) is not installed")
+        (tmp_path / "m.json").write_text(json.dumps(MANIFEST))
+        (tmp_path / "m.yaml").write_text(yaml.safe_dump(MANIFEST))
+        assert load_manifest(tmp_path / "m.json") == load_manifest(str(tmp_path / "m.yaml"))
+
+    def test_unknown_key_is_named(self) -> None:
+        """An unknown key names itself and where it is."""
+        bad = json.loads(json.dumps(MANIFEST))
+        bad["entitlements"][1]["burst"]["gpus"] = 2
+        with pytest.raises(
+            ManifestError, match=re.escape("entitlements[1].burst: unknown key 'gpus'")
+        ):
+            load_manifest(bad)
+        with pytest.raises(ManifestError, match="manifest: unknown key 'pools'"):
+            load_manifest({"pools": {}})
+
+    def test_missing_key_is_named(self) -> None:
+        """A missing key names itself."""
+        bad = json.loads(json.dumps(MANIFEST))
+        del bad["entitlements"][0]["service_class"]
+        with pytest.raises(
+            ManifestError, match=re.escape("entitlements[0]: missing key 'service_class'")
+        ):
+            load_manifest(bad)
+
+    def test_bad_value_is_named(self) -> None:
+        """A bad value names the entitlement and the field; reserved overbooking is refused."""
+        bad = json.loads(json.dumps(MANIFEST))
+        bad["entitlements"][0]["service_class"] = "gold"
+        with pytest.raises(
+            ManifestError, match=re.escape("entitlements[0]: 'service_class' must be")
+        ):
+            load_manifest(bad)
+        bad = json.loads(json.dumps(MANIFEST))
+        bad["entitlements"][0]["baseline"]["concurrency"] = 17
+        with pytest.raises(ManifestError, match="pool: reserved baselines need concurrency=17"):
+            load_manifest(bad)
+        assert issubclass(ManifestError, ValueError)
+
+    def test_bad_file(self, tmp_path: pathlib.Path) -> None:
+        """A missing file, bad JSON or an unknown suffix is a ManifestError."""
+        with pytest.raises(ManifestError, match="cannot read manifest"):
+            load_manifest(tmp_path / "absent.json")
+        (tmp_path / "m.json").write_text("{")
+        with pytest.raises(ManifestError, match="is not JSON"):
+            load_manifest(tmp_path / "m.json")
+        (tmp_path / "m.toml").write_text("")
+        with pytest.raises(ManifestError, match=re.escape("must end in .json, .yaml or .yml")):
+            load_manifest(tmp_path / "m.toml")
