@@ -119,7 +119,7 @@ class TestOrderedChecks:
         assert decision == GateDecision(False, 1 / 1.875, "priority")
         gate.release(es[0], 0.0)
         assert gate.check(make_request("e"), 0.0).admitted  # 33.3 > 0.25
-        assert gate.pool_state().in_flight == 17
+        assert gate.pool_state().in_flight == 16
 
     def test_priorities(self, small_pool: TokenPool) -> None:
         """Weights follow eq. (1) with the pool mean SLO of 2 s."""
@@ -224,7 +224,7 @@ class TestCapacity:
     def test_shrink_contends(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
         """After an outage halves the slots spot is denied; higher classes displace it."""
         gate = TokenPoolGate(small_pool, BPT)
-        assert _decisions(gate, [make_request("s") for _ in range(7)]) == ["ok"] * 7
+        assert _decisions(gate, [make_request("s") for _ in range(6)]) == ["ok"] * 6
         gate.set_capacity(Resources(120, 10**6, 8), 1.0)
         assert _decisions(gate, [make_request(t) for t in "sseg"], 1.0) == [
             "ok",
