@@ -226,12 +226,8 @@ class TestCapacity:
         gate = TokenPoolGate(small_pool, BPT)
         assert _decisions(gate, [make_request("s") for _ in range(6)]) == ["ok"] * 6
         gate.set_capacity(Resources(120, 10**6, 8), 1.0)
-        assert _decisions(gate, [make_request(t) for t in "sseg"], 1.0) == [
-            "ok",
-            "priority",
-            "ok",
-            "ok",
-        ]
+        decisions = _decisions(gate, [make_request(t) for t in "eeseg"], 1.0)
+        assert decisions == ["ok", "ok", "priority", "ok", "ok"]
         assert gate.pool_state().in_flight == 10
 
     def test_reserved_must_fit(self, small_pool: TokenPool) -> None:
