@@ -62,7 +62,7 @@ from kvpolicy.sim._config import EngineConfig, EvictionConfig, GatewayConfig, Pr
 from kvpolicy.sim._errors import ConfigError, SimError
 from kvpolicy.sim._timing import TimingModel
 
-__all__ = ["Engine", "RunRecord"]
+__all__ = ["Engine", "RunRecord", "pool_capacity_tokens"]
 
 ProgressFn = Callable[[int, int], None]
 
@@ -128,6 +128,28 @@ class RunRecord:
     """Prompt tokens loaded from the tiers below HBM instead of recomputed."""
     tier_load_s: float = 0.0
     """Seconds spent loading them."""
+
+
+def pool_capacity_tokens(timing: TimingModel, engine: EngineConfig) -> int:
+    """Tokens of the KV pool (whole blocks) that ``engine`` gets for ``timing``'s model and GPU.
+
+    Raises:
+        ConfigError: the pool holds less than one block.
+    """
+    bs = engine.block_size
+    cap = engine.kv_capacity_tokens
+    if cap is None:
+        from kvpolicy.kvmodel import kv_budget_bytes
+
+        budget = kv_budget_bytes(timing.model, timing.gpu, engine.gpu_memory_utilization)
+        cap = budget // timing.kv_bytes_per_token
+    if cap // bs < 1:
+        raise ConfigError(
+            f"no KV memory: {timing.model.name} on {timing.gpu.name} at "
+            f"gpu_memory_utilization={engine.gpu_memory_utilization} leaves {cap} tokens, "
+            f"less than one block of {bs}"
+        )
+    return (cap // bs) * bs
 
 
 class _Seq:
@@ -266,20 +288,8 @@ class Engine:
         self._gw_cfg = gateway_config or GatewayConfig()
         self._store = prefix_store
         bs = engine.block_size
-        cap = engine.kv_capacity_tokens
-        if cap is None:
-            from kvpolicy.kvmodel import kv_budget_bytes
-
-            budget = kv_budget_bytes(timing.model, timing.gpu, engine.gpu_memory_utilization)
-            cap = budget // timing.kv_bytes_per_token
-        self._num_blocks = cap // bs
-        if self._num_blocks < 1:
-            raise ConfigError(
-                f"no KV memory: {timing.model.name} on {timing.gpu.name} at "
-                f"gpu_memory_utilization={engine.gpu_memory_utilization} leaves {cap} tokens, "
-                f"less than one block of {bs}"
-            )
-        self._capacity = self._num_blocks * bs
+        self._capacity = pool_capacity_tokens(timing, engine)
+        self._num_blocks = self._capacity // bs
         self._budget: int | None = None
         if eviction is not None:
             self._budget = int(self._ev_cfg.budget_fraction * self._capacity)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import pathlib
 
 import attrs
@@ -68,5 +69,13 @@ def available_parts(config: StackConfig) -> tuple[StackConfig, list[str]]:
             build_stack(attrs.evolve(base, **{part: getattr(config, part)}))
         except ConfigError as exc:
             notes.append(f"without its {part} policy: {exc}")
+            cfg = attrs.evolve(cfg, **{part: getattr(base, part)})
+    for part, module in (("gateway", "kvpolicy.tenancy"), ("tiers", "kvpolicy.tiers")):
+        if getattr(config, part).name == "none":
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            notes.append(f"without its {part}: {module} is not installed")
             cfg = attrs.evolve(cfg, **{part: getattr(base, part)})
     return cfg, notes

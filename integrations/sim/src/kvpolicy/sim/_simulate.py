@@ -9,8 +9,9 @@ from attrs import frozen
 from kvpolicy.kvmodel import GPUSpec, ModelSpec, Request
 from kvpolicy.sim._attention import AttentionModel
 from kvpolicy.sim._config import StackConfig
-from kvpolicy.sim._engine import Engine, ProgressFn, RunRecord
+from kvpolicy.sim._engine import Engine, ProgressFn, RunRecord, pool_capacity_tokens
 from kvpolicy.sim._metrics import Summary, summarize
+from kvpolicy.sim._parts import build_gateway, build_tiers
 from kvpolicy.sim._stack import Stack, build_stack
 from kvpolicy.sim._timing import TimingModel
 
@@ -44,8 +45,14 @@ def _engine(
     attention: AttentionModel | None,
     seed: int,
 ) -> Engine:
+    tm = timing if timing is not None else TimingModel(model, gpu, **cfg.timing.constants())
+    gate, store = built.gate, built.prefix_store
+    if gate is None:
+        gate = build_gateway(cfg.gateway, tm, cfg.engine, pool_capacity_tokens(tm, cfg.engine))
+    if store is None:
+        store = build_tiers(cfg.tiers, tm, cfg.engine.block_size)
     return Engine(
-        timing if timing is not None else TimingModel(model, gpu, **cfg.timing.constants()),
+        tm,
         cfg.engine,
         admission=built.admission,
         eviction=built.eviction,
@@ -54,9 +61,9 @@ def _engine(
         preemption_config=cfg.preemption,
         attention=attention,
         seed=seed,
-        gate=built.gate,
+        gate=gate,
         gateway_config=cfg.gateway,
-        prefix_store=built.prefix_store,
+        prefix_store=store,
     )
 
 
@@ -69,8 +76,8 @@ def check_config(
         How many requests will be rejected (longer than the context or the KV pool).
 
     Raises:
-        ConfigError: an unknown policy, an eviction budget below two iterations' tokens,
-            or no request that fits at all.
+        ConfigError: an unknown policy, gateway or tier store (or a bad parameter of one),
+            an eviction budget below two iterations' tokens, or no request that fits at all.
     """
     engine = _engine(model, gpu, config, build_stack(config), None, None, 0)
     return int(engine.check_fits(tuple(requests)).sum())
