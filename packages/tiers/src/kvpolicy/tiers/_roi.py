@@ -98,14 +98,15 @@ class _Curve:
     blocks: int
 
     @classmethod
-    def of(cls, intervals: npt.ArrayLike, unique_blocks: int) -> _Curve:
+    def of(cls, intervals: npt.ArrayLike, unique_blocks: int, min_ttl: float) -> _Curve:
         s = _intervals(intervals)
         blocks = _blocks(unique_blocks)
         prefix = np.concatenate(([0.0], np.cumsum(s)))
-        cand = np.unique(s[s > 0])
         # Between two consecutive δ values H is flat and C grows, so a TTL on the
         # boundary (t = δ_j) dominates every TTL inside the gap: these are the only
-        # candidates an optimiser needs.
+        # candidates an optimiser needs. Reuses closer than min_ttl (same-instant ones,
+        # δ = 0) are bought by the smallest TTL considered, min_ttl.
+        cand = np.unique(np.maximum(s, min_ttl)) if s.size else s
         ttls = np.concatenate(([0.0], cand))
         hits = np.searchsorted(s, ttls, side="right").astype(np.int64)
         hits[0] = 0
@@ -131,13 +132,25 @@ class _Curve:
         return float(self.ttls[1 + int(np.argmax(roi))])
 
 
-def roi_optimal_ttl(intervals: npt.ArrayLike, unique_blocks: int) -> float:
-    """``argmax_t R_g(t) = H_g(t) / C_g(t)`` (Algorithm 2, line 5).
+def _min_ttl(min_ttl: float) -> float:
+    if isinstance(min_ttl, bool) or not isinstance(min_ttl, int | float):
+        raise TypeError(f"'min_ttl' must be a number of seconds: {min_ttl!r}")
+    if not math.isfinite(min_ttl) or min_ttl <= 0:
+        raise ValueError(f"'min_ttl' must be finite and > 0: {min_ttl!r}")
+    return float(min_ttl)
 
-    The maximum lies at one of the δ values (H is flat between them while C grows); the
-    smallest maximiser is returned, or 0.0 when the group has no positive δ.
+
+def roi_optimal_ttl(
+    intervals: npt.ArrayLike, unique_blocks: int, *, min_ttl: float = 1e-3
+) -> float:
+    """``argmax_t R_g(t) = H_g(t) / C_g(t)`` over ``t >= min_ttl`` (Algorithm 2, line 5).
+
+    The maximum lies at one of the δ values (H is flat between them while C grows), or at
+    ``min_ttl`` for reuses closer than it; the smallest maximiser is returned, or 0.0 when
+    the group has no reuse. ``min_ttl`` bounds the search from below: same-instant reuses
+    (δ = 0) make R unbounded as t -> 0.
     """
-    return _Curve.of(intervals, unique_blocks).roi_optimal()
+    return _Curve.of(intervals, unique_blocks, _min_ttl(min_ttl)).roi_optimal()
 
 
 @frozen
@@ -233,7 +246,7 @@ def _ascend(curves: list[_Curve], start: list[int], budget: float) -> list[int]:
 
 
 def allocate_group_ttls(
-    groups: Sequence[PrefixGroup], budget: float, *, seed: int = 0
+    groups: Sequence[PrefixGroup], budget: float, *, seed: int = 0, min_ttl: float = 1e-3
 ) -> GroupTTLAllocation:
     """ROI-aware TTL allocation (Algorithm 2 of seed 003) under a storage budget.
 
@@ -241,26 +254,32 @@ def allocate_group_ttls(
     total cost meets the budget (the paper's ``α = B / C_unscaled`` assumes C linear in t;
     C is concave, so α is found by bisection instead). Lines 11-13: ``⌊√K⌋ + 1`` random
     multiplicative perturbations of that point (log-normal, σ = 0.5, seeded), each scaled
-    back into the budget, plus the all-zero start. Line 16: the paper runs SLSQP from each
-    start; ``H_g`` is a step function whose gradient is zero almost everywhere, so a
-    gradient method cannot move. Each start is instead improved by a greedy marginal-ROI
-    ascent over the candidate TTLs (the distinct δ values), which respects the budget
-    exactly. Lines 17-22: the start with the most hits wins (ties: lower cost).
+    back into the budget, plus two starts of ours: all zeros, and the single TTL that
+    spends the budget (so the result is never worse than the fixed-TTL baseline).
+    Line 16: the paper runs SLSQP from each start; ``H_g`` is a step function whose
+    gradient is zero almost everywhere, so a gradient method cannot move. Each start is
+    instead improved by a greedy marginal-ROI ascent over the candidate TTLs (the
+    distinct δ values), which respects the budget exactly. Lines 17-22: the start with
+    the most hits wins (ties: lower cost).
 
     Args:
         groups: the top-K groups and the residual group (:func:`prefix_groups`).
         budget: B, in block-seconds (multiply by the block size for byte-seconds).
         seed: seed of the perturbations.
+        min_ttl: the smallest positive TTL considered, in seconds (the trace's time
+            resolution; reuses closer than it are bought at this TTL).
     """
     b = _check_groups(groups, budget)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"'seed' must be an int: {seed!r}")
-    curves = [_Curve.of(g.intervals, g.unique_blocks) for g in groups]
+    m = _min_ttl(min_ttl)
+    curves = [_Curve.of(g.intervals, g.unique_blocks, m) for g in groups]
     roi = np.array([c.roi_optimal() for c in curves], dtype=np.float64)
     init = _scale_to_budget(curves, roi, b)
     rng = np.random.default_rng(seed)
     k = len(groups)
-    starts = [init, np.zeros(k)]
+    uniform = _uniform_ttl(curves, b)
+    starts = [init, np.zeros(k), np.full(k, uniform)]
     for _ in range(math.isqrt(k) + 1):
         perturbed = init * np.exp(rng.normal(0.0, 0.5, size=k))
         if sum(c.cost_at(t) for c, t in zip(curves, perturbed, strict=True)) > b:
@@ -294,6 +313,23 @@ def allocate_group_ttls(
     )
 
 
+def _uniform_ttl(curves: list[_Curve], budget: float) -> float:
+    """The largest single TTL t with ``Σ_g C_g(t) <= budget`` (bisection)."""
+
+    def total(t: float) -> float:
+        return sum(c.cost_at(t) for c in curves)
+
+    if total(1.0) == 0.0:
+        return 0.0  # no blocks at all: any TTL is free, and buys nothing
+    lo, hi = 0.0, 1.0
+    while total(hi) < budget and hi < 1e15:
+        lo, hi = hi, hi * 2.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if total(mid) <= budget else (lo, mid)
+    return lo
+
+
 def uniform_ttl_for_budget(groups: Sequence[PrefixGroup], budget: float) -> tuple[float, int]:
     """The fixed-TTL baseline of §5.3.2: the largest single TTL whose total cost fits.
 
@@ -301,17 +337,7 @@ def uniform_ttl_for_budget(groups: Sequence[PrefixGroup], budget: float) -> tupl
         ``(ttl, hits)``: the TTL in seconds and ``Σ_g H_g(ttl)``.
     """
     b = _check_groups(groups, budget)
-    curves = [_Curve.of(g.intervals, g.unique_blocks) for g in groups]
-
-    def total(t: float) -> float:
-        return sum(c.cost_at(t) for c in curves)
-
-    lo, hi = 0.0, 1.0
-    while total(hi) < b and hi < 1e15:
-        lo, hi = hi, hi * 2.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if total(mid) <= b else (lo, mid)
-    ttl = lo
+    curves = [_Curve.of(g.intervals, g.unique_blocks, 1e-3) for g in groups]
+    ttl = _uniform_ttl(curves, b)
     hits = sum(int(np.searchsorted(c.sorted_intervals, ttl, side="right")) for c in curves)
     return ttl, (hits if ttl > 0 else 0)
