@@ -98,11 +98,13 @@ class TestDebt:
         assert service_gap(100, 200) == -1.0
         assert service_gap(100, 400) == -1.0
 
-    def test_gap_against_demand(self) -> None:
-        """A tenant asking for 30 of its 100 tokens/s and served 30 is owed nothing."""
-        assert service_gap(100, 30, demand=30) == 0.0
-        assert service_gap(100, 30, demand=80) == 0.5
+    def test_gap_without_contention(self) -> None:
+        """A tenant the pool never denied is owed nothing, but bursting still earns credit."""
+        assert service_gap(100, 30, contended=False) == 0.0
+        assert service_gap(100, 150, contended=False) == -0.5
         assert service_gap(100, 30) == 0.7
+        with pytest.raises(TypeError, match="'contended' must be bool: 1"):
+            service_gap(100, 30, contended=1)  # type: ignore[arg-type]
 
     def test_eq_two(self) -> None:
         """d(k) = 0.7 d(k-1) + 0.3 g(k)."""

@@ -120,6 +120,7 @@ class TokenPoolGate:
     """
 
     __slots__ = (
+        "_bound",
         "_bpt",
         "_config",
         "_default",
@@ -176,7 +177,8 @@ class TokenPoolGate:
         self._config = config
         self._store = store
         self._default = default_entitlement
-        self._ents: dict[str, TokenEntitlement] = {e.tenant: e for e in pool.entitlements}
+        self._bound: dict[str, TokenEntitlement] = {e.tenant: e for e in pool.entitlements}
+        self._ents: dict[str, TokenEntitlement] = dict(self._bound)
         self._mean_slo = pool.mean_slo_s
         self._reserved = pool.reserved
         self._weights: dict[str, float] = {}
@@ -198,6 +200,11 @@ class TokenPoolGate:
     def pool(self) -> TokenPool:
         """The pool as configured (its capacity before any :meth:`set_capacity`)."""
         return self._pool
+
+    @property
+    def entitlements(self) -> tuple[TokenEntitlement, ...]:
+        """The entitlements bound now (the pool's, plus :meth:`bind`, minus :meth:`unbind`)."""
+        return tuple(self._bound.values())
 
     @property
     def config(self) -> GateConfig:
@@ -290,28 +297,34 @@ class TokenPoolGate:
         level = min(depth, s.bucket + (s_time - s.bucket_time) * rate)
         p_time = max(time, ps.bucket_time)
         pool_level = min(pool_depth, ps.bucket + (p_time - ps.bucket_time) * cap.tokens_per_s)
-        demanded = s.demanded + cost
         drain = min(rate, cap.tokens_per_s)
 
-        reason = ""
-        wait = 0.0
         if s.in_flight + 1 > limits.concurrency:  # §4.3 check (3)
-            reason = "concurrency"
             wait = self._wait(1, 0, 0, s.in_flight, s.tokens, s.kv_bytes, drain)
-        elif cost > level:  # §4.3 check (4)
-            reason = "tokens"
+            return GateDecision(False, wait, "concurrency")
+        if cost > level:  # §4.3 check (4)
             wait = self._wait(0, 0, cost - level, s.in_flight, s.tokens, s.kv_bytes, rate)
-        elif s.kv_bytes + kv > limits.kv_bytes:  # the KV dimension of §3.1
-            reason = "kv-cache"
+            return GateDecision(False, wait, "tokens")
+        if s.kv_bytes + kv > limits.kv_bytes:  # the KV dimension of §3.1
             need = s.kv_bytes + kv - limits.kv_bytes
             wait = self._wait(0, need, 0, s.in_flight, s.tokens, s.kv_bytes, drain)
-        else:  # §4.3 check (5): pool contention
-            need_slots = ps.in_flight + 1 - cap.concurrency
-            need_kv = ps.kv_bytes + kv - cap.kv_bytes
+            return GateDecision(False, wait, "kv-cache")
+        base = ent.baseline
+        protected = ent.service_class.protected
+        reserved = (
+            protected and s.in_flight + 1 <= base.concurrency and s.kv_bytes + kv <= base.kv_bytes
+        )
+        if not reserved:  # §4.3 check (5): pool contention
+            # Reservations are held for their entitlements even when idle (Table 1), so the
+            # pool is full at ``in flight + unused reservations``.
+            _, res_kv, res_slots = self._reserved
+            unused_slots = res_slots - ps.reserved_used_slots
+            unused_kv = res_kv - ps.reserved_used_kv_bytes
+            need_slots = ps.in_flight + unused_slots + 1 - cap.concurrency
+            need_kv = ps.kv_bytes + unused_kv + kv - cap.kv_bytes
             need_tokens = cost - pool_level
             contended = need_slots > 0 or need_kv > 0 or need_tokens > 0
-            if contended and not self._may_displace(ent, s, ps, kv, tenant):
-                reason = "priority"
+            if contended and not self._may_displace(ent, ps, kv, tenant):
                 wait = self._wait(
                     max(0, need_slots),
                     max(0, need_kv),
@@ -321,25 +334,23 @@ class TokenPoolGate:
                     ps.kv_bytes,
                     cap.tokens_per_s,
                 )
-        if reason:
-            store.put_entitlement(
-                tenant,
-                EntitlementState(
-                    s.in_flight,
-                    s.kv_bytes,
-                    s.tokens,
-                    level,
-                    s_time,
-                    s.burst,
-                    s.debt,
-                    s.served,
-                    demanded,
-                ),
-            )
-            return GateDecision(False, wait, reason)
+                store.put_entitlement(
+                    tenant,
+                    EntitlementState(
+                        s.in_flight,
+                        s.kv_bytes,
+                        s.tokens,
+                        s.bucket,
+                        s.bucket_time,
+                        s.burst,
+                        s.debt,
+                        s.served,
+                        s.contended + 1,
+                    ),
+                )
+                return GateDecision(False, wait, "priority")
 
-        base = ent.baseline
-        if ent.service_class.protected:
+        if protected:
             n = s.in_flight
             prot_slots = ps.protected_in_flight + 1
             prot_kv = ps.protected_kv_bytes + kv
@@ -363,7 +374,7 @@ class TokenPoolGate:
                 s.burst,
                 s.debt,
                 s.served + cost,
-                demanded,
+                s.contended,
             ),
         )
         store.put_pool(
@@ -452,7 +463,7 @@ class TokenPoolGate:
                 s.burst,
                 s.debt,
                 s.served - refund,
-                s.demanded - refund,
+                s.contended,
             ),
         )
         store.put_pool(
@@ -488,7 +499,7 @@ class TokenPoolGate:
         if not isinstance(capacity, Resources):
             raise TypeError(f"'capacity' must be Resources: {capacity!r}")
         time = _check_time(time)
-        check_reserved_fit(self._pool.entitlements, capacity)
+        check_reserved_fit(self._bound.values(), capacity)
         ps = self._advance(time)
         old = ps.capacity
         p_time = max(time, ps.bucket_time)
@@ -511,7 +522,75 @@ class TokenPoolGate:
             )
         )
 
+    def bind(self, entitlement: TokenEntitlement, time: float) -> None:
+        """Bind a new entitlement to the pool at ``time`` (a tenant joins).
+
+        It starts with a full bucket and no debt or burst, and the pool-average SLO of eq. (1)
+        now includes it. A reservation granted while the pool is busy is honoured at once:
+        the pool over-commits until lower classes drain.
+
+        Raises:
+            TypeError: ``entitlement`` is not a :class:`TokenEntitlement`.
+            ValueError: the tenant is bound already, has requests in flight (under the default
+                entitlement), or the reserved baselines would no longer fit the current
+                capacity; nothing changes.
+        """
+        if not isinstance(entitlement, TokenEntitlement):
+            raise TypeError(f"'entitlement' must be TokenEntitlement: {entitlement!r}")
+        time = _check_time(time)
+        tenant = entitlement.tenant
+        if tenant in self._bound:
+            raise ValueError(f"'entitlement' tenant {tenant!r} is bound already")
+        self._require_idle(tenant)
+        check_reserved_fit([*self._bound.values(), entitlement], self.pool_state().capacity)
+        self._advance(time)
+        self._bound[tenant] = entitlement
+        self._ents[tenant] = entitlement
+        self._store.put_entitlement(
+            tenant,
+            EntitlementState(
+                bucket=entitlement.limits.tokens_per_s * self._config.window_s, bucket_time=time
+            ),
+        )
+        self._rebind()
+
+    def unbind(self, tenant: str, time: float) -> None:
+        """Remove ``tenant``'s entitlement at ``time`` (a tenant leaves); its reservation is
+        freed. Later requests of the tenant get the default entitlement, if any.
+
+        Raises:
+            ValueError: the tenant is not bound, or has requests in flight; nothing changes.
+        """
+        time = _check_time(time)
+        if tenant not in self._bound:
+            raise ValueError(f"'tenant' is not bound: {tenant!r}")
+        self._require_idle(tenant)
+        self._advance(time)
+        del self._bound[tenant]
+        del self._ents[tenant]
+        self._store.put_entitlement(tenant, EntitlementState())
+        self._rebind()
+
     # -- internals ----------------------------------------------------------------------
+
+    def _require_idle(self, tenant: str) -> None:
+        state = self._store.entitlement(tenant)
+        if state is not None and state.in_flight > 0:
+            raise ValueError(
+                f"'tenant' {tenant!r} has {state.in_flight} requests in flight; release them first"
+            )
+
+    def _rebind(self) -> None:
+        bound = self._bound.values()
+        self._mean_slo = sum(e.slo_target_s for e in bound) / len(bound) if bound else 1.0
+        tps, kv, conc = 0.0, 0, 0
+        for ent in bound:
+            if ent.service_class.protected:
+                tps += ent.baseline.tokens_per_s
+                kv += ent.baseline.kv_bytes
+                conc += ent.baseline.concurrency
+        self._reserved = (tps, kv, conc)
+        self._rebuild()
 
     def _lookup(self, tenant: str) -> TokenEntitlement | None:
         ent = self._ents.get(tenant)
@@ -549,24 +628,14 @@ class TokenPoolGate:
             * owed
         )
 
-    def _may_displace(
-        self,
-        ent: TokenEntitlement,
-        s: EntitlementState,
-        ps: PoolState,
-        kv: int,
-        tenant: str,
-    ) -> bool:
-        """Whether a request may be admitted over a contended pool."""
-        base = ent.baseline
-        protected = ent.service_class.protected
-        if protected and s.in_flight + 1 <= base.concurrency and s.kv_bytes + kv <= base.kv_bytes:
-            return True  # a reservation is never reclaimed (Table 1)
+    def _may_displace(self, ent: TokenEntitlement, ps: PoolState, kv: int, tenant: str) -> bool:
+        """Whether a request (not within a reservation) may be admitted over a contended pool:
+        its priority must exceed the threshold (§4.3), and a dedicated burst must leave the
+        reservations and protected holdings within capacity."""
         if not self._weight_of(tenant, ent) > self.threshold():
             return False
-        if not protected:
+        if not ent.service_class.protected:
             return True
-        # Dedicated above its baseline: reserved and protected holdings must fit.
         _, res_kv, res_slots = self._reserved
         cap = ps.capacity
         slots = ps.protected_in_flight + res_slots - ps.reserved_used_slots + 1
@@ -635,12 +704,12 @@ class TokenPoolGate:
         interval = self._config.update_interval_s
         base = ent.baseline
         served = max(0.0, s.served) / interval
-        asked = max(0.0, s.demanded) / interval
         debt = s.debt
         if ent.service_class.accumulates_debt:
-            # Eq. (2) with the gap of §3.3, measured against min(baseline, demand).
-            target = min(base.tokens_per_s, asked)
-            gap = max(-1.0, min(1.0, (target - served) / base.tokens_per_s))
+            # Eq. (2); the gap of §3.3 counts as debt only when the pool denied the tenant.
+            gap = max(-1.0, min(1.0, (base.tokens_per_s - served) / base.tokens_per_s))
+            if not s.contended:
+                gap = min(0.0, gap)
             debt = c.gamma_d * debt + (1.0 - c.gamma_d) * gap
             debt *= c.gamma_d**idle  # idle intervals: gap 0
         # Eq. (3) and its EWMA.
@@ -660,7 +729,7 @@ class TokenPoolGate:
             burst,
             debt,
             0.0,
-            0.0,
+            0,
         )
 
     def _rebuild(self) -> None:

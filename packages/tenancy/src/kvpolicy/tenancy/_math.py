@@ -102,24 +102,27 @@ def priority_weight(
     return class_weight / slo / bursting * owed
 
 
-def service_gap(baseline: float, allocation: float, demand: float | None = None) -> float:
+def service_gap(baseline: float, allocation: float, contended: bool = True) -> float:
     """Instantaneous service gap ``g_e = (lambda_e - lambda-hat_e) / lambda_e`` (§3.3).
 
     Positive is underservice, negative is overservice (bursting). The paper measures the gap
-    against the baseline alone, so an idle tenant would accrue debt for capacity it never
-    asked for; with ``demand`` (tokens/s the tenant asked for) the target is
-    ``min(lambda_e, demand)`` instead, so only unmet demand is debt. The result is clamped to
+    against the baseline alone, so an idle tenant, or one that asks for less than its
+    baseline, would accrue debt for capacity it never wanted. With ``contended=False`` (the
+    tenant was not denied by pool contention during the interval: it got all it asked for)
+    only the negative part is kept, so debt measures unmet demand. The result is clamped to
     ``[-1, 1]``: bursting to more than twice the baseline earns no more credit than twice.
 
     Args:
         baseline: ``lambda_e`` in tokens/s (> 0).
         allocation: served rate ``lambda-hat_e`` in tokens/s (>= 0).
-        demand: requested rate in tokens/s (>= 0), or ``None`` for the paper's definition.
+        contended: whether the pool denied the tenant during the interval.
     """
     baseline = _positive("baseline", baseline)
     allocation = _nonnegative("allocation", allocation)
-    target = baseline if demand is None else min(baseline, _nonnegative("demand", demand))
-    return max(-1.0, min(1.0, (target - allocation) / baseline))
+    if not isinstance(contended, bool):
+        raise TypeError(f"'contended' must be bool: {contended!r}")
+    gap = max(-1.0, min(1.0, (baseline - allocation) / baseline))
+    return gap if contended else min(0.0, gap)
 
 
 def ewma(previous: float, sample: float, gamma: float) -> float:

@@ -35,8 +35,8 @@ class EntitlementState:
     """Service debt ``d_e`` (eq. 2)."""
     served: float = 0.0
     """Tokens served during the current control interval (admitted, corrected on release)."""
-    demanded: float = 0.0
-    """Tokens asked for during the current control interval (admitted or denied)."""
+    contended: int = 0
+    """Denials by pool contention during the current control interval."""
 
 
 @frozen
