@@ -11,7 +11,14 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from kvpolicy.tiers import FixedTTL, TieredPrefixStore, TierSpec, TTLPolicy
+from kvpolicy.tiers import (
+    FixedTTL,
+    ReuseAnalysis,
+    TieredPrefixStore,
+    TierSpec,
+    TTLPolicy,
+    analyze_reuse,
+)
 
 TRACES = pathlib.Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"
 MOONCAKE = TRACES / "mooncake-fast25-conversation" / "conversation_trace.jsonl"
@@ -88,3 +95,9 @@ def mooncake() -> list[tuple[float, list[int]]]:
             r = json.loads(line)
             rows.append((r["timestamp"] / 1000.0, r["hash_ids"]))
     return rows
+
+
+@pytest.fixture(scope="session")
+def mooncake_reuse(mooncake: list[tuple[float, list[int]]]) -> ReuseAnalysis:
+    """The reuse analysis of the Mooncake trace (computed once)."""
+    return analyze_reuse(mooncake)
