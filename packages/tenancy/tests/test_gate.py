@@ -278,3 +278,40 @@ class TestDebtAndBurst:
         _decisions(gate, [make_request("s") for _ in range(12)])
         gate.check(make_request("g"), 10.0)
         assert gate.usage("s").debt == 0.0
+
+
+class TestBindUnbind:
+    def test_join_and_leave(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
+        """A bound tenant is admitted and shifts the mean SLO; unbound, it is unknown again."""
+        gate = TokenPoolGate(small_pool, BPT)
+        late = TokenEntitlement("late", "elastic", Resources(60, 250_000, 2), slo_target_s=6.0)
+        gate.bind(late, 1.0)
+        assert gate.priority("e") == pytest.approx(100 / (1 + 2 * 2.0 / 3.0))  # mean 3 s
+        req = make_request("late")
+        assert gate.check(req, 1.0).admitted
+        with pytest.raises(ValueError, match="'tenant' 'late' has 1 requests in flight"):
+            gate.unbind("late", 2.0)
+        gate.release(req, 2.0)
+        gate.unbind("late", 2.0)
+        assert gate.check(make_request("late"), 2.0).reason == "unknown-tenant"
+        assert [e.tenant for e in gate.entitlements] == ["g", "e", "s"]
+
+    def test_bind_reservation_must_fit(self, small_pool: TokenPool) -> None:
+        """A guaranteed entitlement beyond the unreserved capacity is refused."""
+        gate = TokenPoolGate(small_pool, BPT)
+        big = TokenEntitlement("big", "guaranteed", Resources(60, 250_000, 13))
+        with pytest.raises(ValueError, match="reserved baselines need concurrency=17"):
+            gate.bind(big, 0.0)
+        with pytest.raises(ValueError, match="'entitlement' tenant 'g' is bound already"):
+            gate.bind(small_pool.entitlements[0], 0.0)
+        with pytest.raises(ValueError, match="'tenant' is not bound: 'x'"):
+            gate.unbind("x", 0.0)
+        assert gate.entitlements == small_pool.entitlements
+
+    def test_reservation_held_when_idle(
+        self, small_pool: TokenPool, make_request: MakeRequest
+    ) -> None:
+        """Spot cannot use the idle guaranteed reservation: 16 slots less 4 leave 12."""
+        gate = TokenPoolGate(small_pool, BPT)
+        reqs = [make_request("e") for _ in range(8)] + [make_request("s") for _ in range(5)]
+        assert _decisions(gate, reqs) == ["ok"] * 12 + ["priority"]
