@@ -68,6 +68,26 @@ class TestPlacement:
         assert where(store, [1, 2, 3]) == ["dram", "disk", "dram"]
         assert len(store) == 3
 
+    @pytest.mark.parametrize("dram", [2, 0])
+    def test_refreshing_a_block_in_its_first_tier_writes_nothing(
+        self, make_store: MakeStore, dram: int
+    ) -> None:
+        """A block re-offered or fetched where it already is is not copied again."""
+        store = make_store(dram=dram, disk=3)
+        store.offload([1], time=0.0)
+        store.fetch([1], time=1.0)
+        store.offload([1], time=2.0)
+        assert [t.bytes_written for t in store.stats().tiers] == ([10, 0] if dram else [0, 10])
+
+    def test_refresh_with_a_group_policy_writes_nothing(self, make_tier: MakeTier) -> None:
+        """The same holds for a per-block TTL policy."""
+        policy = GroupTTL({1: 100.0}, residual=5.0)
+        policy.assign([1, 2])
+        store = TieredPrefixStore((make_tier("disk", 10),), block_bytes=10, ttl=policy)
+        store.offload([1, 2], time=0.0)
+        store.offload([1, 2], time=1.0)
+        assert store.stats().tiers[0].bytes_written == 20
+
 
 class TestFetch:
     def test_leading_run_with_per_block_transfer_time(self, make_store: MakeStore) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from attrs import field, frozen
 
@@ -96,8 +96,10 @@ class StoreStats:
 def _check_hashes(block_hashes: Sequence[int]) -> None:
     if not is_sequence(block_hashes):
         raise TypeError(f"'block_hashes' must be a sequence of int hashes: {block_hashes!r}")
+    if set(map(type, block_hashes)) <= {int}:  # the common case, checked at C speed
+        return
     for h in block_hashes:
-        if type(h) is not int and (isinstance(h, bool) or not isinstance(h, int)):
+        if isinstance(h, bool) or not isinstance(h, int):
             raise TypeError(f"'block_hashes' must hold int hashes: {h!r}")
 
 
@@ -145,7 +147,8 @@ class TieredPrefixStore:
         "_fixed",
         "_found",
         "_hits",
-        "_misses",
+        "_home",
+        "_lost",
         "_names",
         "_now",
         "_offloaded",
@@ -200,15 +203,25 @@ class TieredPrefixStore:
             else None
         )
         self._cap = [t.capacity_bytes // block_bytes for t in tiers]
+        # With a FixedTTL every block's first tier is the same: the "home" tier.
+        self._home = (
+            next((i for i in range(n) if self._cap[i] > 0 and self._fixed[i] > 0), -1)
+            if self._fixed is not None
+            else -1
+        )
         self._read_cost = [t.read_seconds(block_bytes) for t in tiers]
         self._write_cost = [t.write_seconds(block_bytes) for t in tiers]
         self._queues: list[dict[float, OrderedDict[int, float]]] = [{} for _ in range(n)]
+        if self._fixed is not None:
+            for i, tier_ttl in enumerate(self._fixed):
+                if self._cap[i] > 0 and tier_ttl > 0:
+                    self._queues[i][tier_ttl] = OrderedDict()
         self._where: dict[int, tuple[int, float]] = {}
         self._count = [0] * n
         self._now = 0.0
         self._area = [0.0] * n
         self._hits = [0] * n
-        self._misses = [0] * n
+        self._lost = 0  # fetches that stopped at a block held nowhere
         self._expirations = [0] * n
         self._demotions = [0] * n
         self._drops = [0] * n
@@ -252,15 +265,8 @@ class TieredPrefixStore:
         """
         _check_hashes(block_hashes)
         now = self._advance(time)
-        where = self._where
-        for h in reversed(block_hashes):
-            self._offloaded += 1
-            loc = where.get(h)
-            if loc is not None:
-                if self._refresh(h, loc, now):
-                    continue
-                self._remove(h, loc)
-            self._place(h, 0, now, now)
+        self._offloaded += len(block_hashes)
+        self._promote(reversed(block_hashes), now)
 
     def fetch(self, block_hashes: Sequence[int], time: float) -> TierFetch:
         """The leading run of ``block_hashes`` held here, promoted and timed.
@@ -280,41 +286,33 @@ class TieredPrefixStore:
         self._requested += len(block_hashes)
         where = self._where
         queues = self._queues
-        found: list[int] = []
-        seconds = 0.0
-        slowest = -1
+        per_tier = [0] * len(self._tiers)
+        found = 0
         for h in block_hashes:
             loc = where.get(h)
-            if loc is not None:
-                i, ttl = loc
-                if queues[i][ttl][h] + ttl < now:  # expired, not yet swept (lazy removal)
-                    self._expire(h, loc, now)
-                    loc = None
             if loc is None:
-                for j in range(len(self._tiers)):
-                    self._misses[j] += 1
                 break
-            i = loc[0]
-            self._hits[i] += 1
-            for j in range(i):
-                self._misses[j] += 1
-            self._bytes_read[i] += self._block_bytes
-            seconds += self._read_cost[i]
-            if i > slowest:
+            i, ttl = loc
+            if ttl != math.inf and queues[i][ttl][h] + ttl < now:
+                self._expire(h, loc, now)  # expired, not yet swept (lazy removal)
+                break
+            per_tier[i] += 1
+            found += 1
+        if found < len(block_hashes):
+            self._lost += 1
+        seconds = 0.0
+        slowest = -1
+        for i, count in enumerate(per_tier):
+            if count:
+                self._hits[i] += count
+                self._bytes_read[i] += count * self._block_bytes
+                seconds += count * self._read_cost[i]
                 slowest = i
-            found.append(h)
-        for h in reversed(found):
-            # Re-read the location: promoting one block may have demoted another.
-            moved = where.get(h)
-            if moved is not None:
-                if self._refresh(h, moved, now):
-                    continue
-                self._remove(h, moved)
-            self._place(h, 0, now, now)
-        self._found += len(found)
+        self._promote(reversed(block_hashes[:found]), now)
+        self._found += found
         self._fetch_seconds += seconds
         return TierFetch(
-            blocks=len(found),
+            blocks=found,
             seconds=seconds,
             tier=self._names[slowest] if slowest >= 0 else "",
         )
@@ -324,6 +322,8 @@ class TieredPrefixStore:
     def stats(self) -> StoreStats:
         """Counters since the store was built, as of the last call."""
         bb = self._block_bytes
+        # A lookup reaches tier i when the block is in a slower tier or nowhere.
+        misses = [self._lost + sum(self._hits[i + 1 :]) for i in range(len(self._tiers))]
         tiers = tuple(
             TierStats(
                 name=t.name,
@@ -331,7 +331,7 @@ class TieredPrefixStore:
                 blocks=self._count[i],
                 bytes_stored=self._count[i] * bb,
                 hits=self._hits[i],
-                misses=self._misses[i],
+                misses=misses[i],
                 expirations=self._expirations[i],
                 demotions=self._demotions[i],
                 drops=self._drops[i],
@@ -392,14 +392,39 @@ class TieredPrefixStore:
         # Usage stops at the expiry, not at this (lazy) removal.
         self._area[i] -= self._block_bytes * (now - (last + ttl))
 
-    def _refresh(self, h: int, loc: tuple[int, float], now: float) -> bool:
-        """Make a block already in the first tier its most recent; False if it must move."""
-        if loc[0] != 0 or self._tier_ttl(h, 0) != loc[1]:
-            return False
-        queue = self._queues[0][loc[1]]
-        queue[h] = now
-        queue.move_to_end(h)
-        return True
+    def _promote(self, block_hashes: Iterable[int], now: float) -> None:
+        """Make each block most recently used at ``now`` in the fastest tier holding it.
+
+        A block already in that tier moves to the back of its queue (no copy is written);
+        any other block is moved up, which may demote others.
+        """
+        where = self._where
+        fixed = self._fixed
+        home = self._home
+        home_queue = self._queues[home][fixed[home]] if fixed is not None and home >= 0 else None
+        for h in block_hashes:
+            loc = where.get(h)
+            if loc is not None:
+                if home_queue is not None and loc[0] == home:
+                    home_queue[h] = now
+                    home_queue.move_to_end(h)
+                    continue
+                if fixed is None and self._first_tier(h) == loc[0]:
+                    ttl = self._tier_ttl(h, loc[0])
+                    if ttl == loc[1]:
+                        queue = self._queues[loc[0]][ttl]
+                        queue[h] = now
+                        queue.move_to_end(h)
+                        continue
+                self._remove(h, loc)
+            self._place(h, 0, now, now)
+
+    def _first_tier(self, h: int) -> int:
+        """Index of the fastest tier that would hold ``h`` now, or -1."""
+        for i in range(len(self._tiers)):
+            if self._cap[i] > 0 and self._tier_ttl(h, i) > 0:
+                return i
+        return -1
 
     def _remove(self, h: int, loc: tuple[int, float]) -> float:
         i, ttl = loc
@@ -421,12 +446,13 @@ class TieredPrefixStore:
     def _place(self, h: int, i: int, last: float, now: float) -> None:
         """Put ``h`` (last used at ``last``) in tier ``i`` or below, cascading LRU victims."""
         n = len(self._tiers)
+        fixed = self._fixed
         victim_from = -1  # the tier the block being placed was pushed out of, if any
         while True:
             ttl = 0.0
             while i < n:
                 if self._cap[i] > 0:
-                    ttl = self._tier_ttl(h, i)
+                    ttl = fixed[i] if fixed is not None else self._tier_ttl(h, i)
                     if ttl > 0:
                         break
                 i += 1
@@ -461,9 +487,16 @@ class TieredPrefixStore:
 
     def _pop_lru(self, i: int) -> tuple[int, float]:
         """Remove and return the least recently used block of tier ``i``."""
+        by_ttl = self._queues[i]
+        if len(by_ttl) == 1:
+            queue = next(iter(by_ttl.values()))
+            h, last = queue.popitem(last=False)
+            del self._where[h]
+            self._count[i] -= 1
+            return h, last
         best_ttl = 0.0
         best_last = math.inf
-        for ttl, queue in self._queues[i].items():
+        for ttl, queue in by_ttl.items():
             if queue:
                 last = next(iter(queue.values()))
                 if last < best_last:
