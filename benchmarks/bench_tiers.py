@@ -57,7 +57,8 @@ def synthetic_stream(total_blocks: int, seed: int = 0) -> Trace:
 
     Each request picks a conversation (Zipf, s = 1.1, over 5,000), resends its history
     and appends 1-4 new blocks; a new conversation starts with 4-30 blocks. Arrivals are
-    Poisson at 3.4 requests/s, the Mooncake rate. Mean prompt near Mooncake's 24 blocks.
+    Poisson at 3.4 requests/s, the Mooncake rate. Prompts average about 35 blocks
+    (Mooncake: 24) and reuse more (about 0.79 of blocks hit an unbounded cache; 0.37).
     """
     rng = random.Random(seed)
     weights = [1.0 / (k + 1) ** 1.1 for k in range(5000)]
