@@ -18,8 +18,8 @@ stack file's ``params`` into their constructors.
       default: {service_class: spot, share: 0.1}   # tenants not named (optional)
 
   The pool's capacity is the server's: its KV pool in bytes, ``max_batch`` sequences, and
-  ``tokens_per_s`` (default: the tokens per second of a saturated iteration, a full
-  ``token_budget`` over half the KV pool, by the roofline; see :func:`server_capacity`).
+  ``tokens_per_s`` (default: the roofline's sustained rate for the workload's mean prompt and
+  output lengths, see :func:`server_capacity`).
   An entitlement's baseline is ``share`` of each; its burst limits ``burst_share`` of each
   (classes that burst only; default: the whole pool).
 
@@ -63,19 +63,28 @@ def _import(module: str, what: str) -> Any:
 
 
 def server_capacity(
-    timing: TimingModel, engine: EngineConfig, capacity_tokens: int
+    timing: TimingModel,
+    engine: EngineConfig,
+    capacity_tokens: int,
+    mean_prompt: float = 1024.0,
+    mean_output: float = 256.0,
 ) -> tuple[float, int, int]:
     """``(tokens_per_s, kv_bytes, concurrency)`` of one simulated server.
 
-    Tokens per second are those of a saturated iteration by the roofline: ``token_budget``
-    tokens computed (prompt and output tokens alike, as seed 004 counts them) while half
-    the KV pool is read and attended once. It is an upper bound for decode-heavy mixes,
-    whose iterations compute fewer tokens each; give ``tokens_per_s`` to override it.
+    Tokens per second (prompt and output tokens alike, as seed 004 counts them) are the
+    roofline's sustained rate for requests of ``mean_prompt`` and ``mean_output`` tokens at
+    saturation: ``B = min(max_batch, capacity / (P + D/2))`` sequences decode together, so a
+    request costs ``D · t_decode(B) / B`` of decode time (``t_decode(B)`` reads the weights
+    and ``B · (P + D/2)`` tokens of KV) plus the compute of its prefill, and the server
+    serves ``(P + D) / cost`` tokens per second.
     """
-    half = capacity_tokens // 2
-    budget = engine.token_budget
-    seconds = timing.iteration_time(budget, half, half)
-    return budget / seconds, capacity_tokens * timing.kv_bytes_per_token, engine.max_batch
+    p, d = max(mean_prompt, 1.0), max(mean_output, 1.0)
+    batch = max(1, min(engine.max_batch, int(capacity_tokens // (p + d / 2))))
+    kv = batch * (p + d / 2)
+    decode = timing.iteration_time(batch, kv, kv)
+    prefill = timing.iteration_time(p, 0, p * (p + 1) / 2) - timing.overhead_s
+    tokens_per_s = (p + d) / (d * decode / batch + prefill)
+    return tokens_per_s, capacity_tokens * timing.kv_bytes_per_token, engine.max_batch
 
 
 def _check_keys(where: str, raw: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
@@ -123,9 +132,15 @@ def _share_entitlement(
 
 
 def build_gateway(
-    config: GatewayConfig, timing: TimingModel, engine: EngineConfig, capacity_tokens: int
+    config: GatewayConfig,
+    timing: TimingModel,
+    engine: EngineConfig,
+    capacity_tokens: int,
+    mean_lengths: tuple[float, float] = (1024.0, 256.0),
 ) -> RequestGate | None:
     """The gateway ``config`` names, in front of a server of ``capacity_tokens`` KV tokens.
+
+    ``mean_lengths`` (prompt, output) of the traffic size the default ``tokens_per_s``.
 
     Raises:
         ConfigError: an unknown name or key (named), bad shares, a manifest the tenancy
@@ -147,7 +162,7 @@ def build_gateway(
             "gateway 'token-pool' needs exactly one of params.manifest or params.tenants"
         )
     gate_settings = {k: params[k] for k in _GATE_SETTINGS if k in params}
-    capacity = server_capacity(timing, engine, capacity_tokens)
+    capacity = server_capacity(timing, engine, capacity_tokens, *mean_lengths)
     if "tokens_per_s" in params:
         tps = params["tokens_per_s"]
         if isinstance(tps, bool) or not isinstance(tps, int | float) or not tps > 0:

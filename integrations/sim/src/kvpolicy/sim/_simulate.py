@@ -37,6 +37,7 @@ class SimResult:
 
 
 def _engine(
+    requests: Sequence[Request],
     model: ModelSpec,
     gpu: GPUSpec,
     cfg: StackConfig,
@@ -47,8 +48,14 @@ def _engine(
 ) -> Engine:
     tm = timing if timing is not None else TimingModel(model, gpu, **cfg.timing.constants())
     gate, store = built.gate, built.prefix_store
-    if gate is None:
-        gate = build_gateway(cfg.gateway, tm, cfg.engine, pool_capacity_tokens(tm, cfg.engine))
+    if gate is None and cfg.gateway.name != "none":
+        n = max(len(requests), 1)
+        lengths = (
+            sum(r.prompt_len for r in requests) / n if requests else 1024.0,
+            sum(r.decode_len for r in requests) / n if requests else 256.0,
+        )
+        capacity = pool_capacity_tokens(tm, cfg.engine)
+        gate = build_gateway(cfg.gateway, tm, cfg.engine, capacity, lengths)
     if store is None:
         store = build_tiers(cfg.tiers, tm, cfg.engine.block_size)
     return Engine(
@@ -79,8 +86,9 @@ def check_config(
         ConfigError: an unknown policy, gateway or tier store (or a bad parameter of one),
             an eviction budget below two iterations' tokens, or no request that fits at all.
     """
-    engine = _engine(model, gpu, config, build_stack(config), None, None, 0)
-    return int(engine.check_fits(tuple(requests)).sum())
+    reqs = tuple(requests)
+    engine = _engine(reqs, model, gpu, config, build_stack(config), None, None, 0)
+    return int(engine.check_fits(reqs).sum())
 
 
 def simulate(
@@ -116,8 +124,9 @@ def simulate(
     """
     cfg = config if config is not None else StackConfig()
     built = stack if stack is not None else build_stack(cfg)
-    engine = _engine(model, gpu, cfg, built, timing, attention, seed)
-    record = engine.run(requests, progress=progress)
+    reqs = tuple(requests)
+    engine = _engine(reqs, model, gpu, cfg, built, timing, attention, seed)
+    record = engine.run(reqs, progress=progress)
     return SimResult(
         stack=cfg.name,
         workload=workload_name,
