@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from kvpolicy.kvmodel import Request
-from kvpolicy.tenancy import Resources, TokenEntitlement, TokenPool
+from kvpolicy.tenancy import (
+    InMemoryStateStore,
+    RedisStateStore,
+    Resources,
+    StateStore,
+    TokenEntitlement,
+    TokenPool,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -59,3 +71,52 @@ def small_pool() -> TokenPool:
             ),
         ],
     )
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A real ``redis-server`` on a free loopback port, for the session."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
+    pytest.importorskip("redis", reason="redis-py (the 'redis' extra) is not installed")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                pytest.fail(f"redis-server did not start on port {port}")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.slow)])
+def store_factory(request: pytest.FixtureRequest) -> Callable[[], StateStore]:
+    """Factory of empty state stores of every implementation (Redis: a fresh namespace)."""
+    if request.param == "memory":
+        return InMemoryStateStore
+    url = request.getfixturevalue("redis_url")
+    counter = iter(range(1_000_000))
+    run = uuid.uuid4().hex
+
+    def make() -> StateStore:
+        return RedisStateStore.from_url(url, namespace=f"test:{run}:{next(counter)}")
+
+    return make

@@ -31,6 +31,7 @@ from kvpolicy.tenancy._math import (
     service_gap,
     update_debt,
 )
+from kvpolicy.tenancy._redis import RedisStateStore
 from kvpolicy.tenancy._store import (
     EntitlementState,
     Holding,
@@ -53,6 +54,7 @@ __all__ = [
     "ManifestError",
     "PoolState",
     "PriorityCoefficients",
+    "RedisStateStore",
     "Resources",
     "ServiceClass",
     "StateStore",
