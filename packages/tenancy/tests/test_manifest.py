@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvpolicy.tenancy import ManifestError, Resources, dump_manifest, load_manifest
+from kvpolicy.tenancy import ManifestError, Resources, dump_manifest, load_gate, load_manifest
 
 MANIFEST: dict[str, Any] = {
     "pool": {
@@ -106,3 +106,42 @@ class TestLoadManifest:
         (tmp_path / "m.toml").write_text("")
         with pytest.raises(ManifestError, match=re.escape("must end in .json, .yaml or .yml")):
             load_manifest(tmp_path / "m.toml")
+
+
+class TestLoadGate:
+    def test_default_and_gate_sections(self) -> None:
+        """The default entitlement serves unknown tenants; gate settings reach GateConfig."""
+        doc = json.loads(json.dumps(MANIFEST))
+        doc["default"] = {
+            "service_class": "spot",
+            "baseline": {"tokens_per_s": 50, "kv_bytes": 10**6, "concurrency": 1},
+        }
+        doc["gate"] = {"update_interval_s": 2, "alpha_debt": 3.0, "max_retry_s": 30}
+        gate = load_gate(doc, 100)
+        assert (gate.config.update_interval_s, gate.config.max_retry_s) == (2.0, 30.0)
+        assert gate.config.coefficients.alpha_debt == 3.0
+        stranger = gate.entitlement("stranger")
+        assert stranger is not None
+        assert (stranger.tenant, stranger.service_class.name) == ("stranger", "spot")
+        assert load_gate(MANIFEST, 100).entitlement("stranger") is None
+
+    def test_bad_sections(self) -> None:
+        """Unknown gate keys, a tenant in the default, or a reserving default are refused."""
+        doc = json.loads(json.dumps(MANIFEST))
+        doc["gate"] = {"gamma": 0.5}
+        with pytest.raises(ManifestError, match="gate: unknown key 'gamma'"):
+            load_gate(doc, 100)
+        doc = json.loads(json.dumps(MANIFEST))
+        doc["gate"] = {"gamma_d": 1.5}
+        with pytest.raises(ManifestError, match=re.escape("gate: 'gamma_d' must be < 1.0: 1.5")):
+            load_manifest(doc)
+        doc = json.loads(json.dumps(MANIFEST))
+        doc["default"] = {"tenant": "x"}
+        with pytest.raises(ManifestError, match="default: unknown key 'tenant'"):
+            load_gate(doc, 100)
+        doc["default"] = {
+            "service_class": "guaranteed",
+            "baseline": {"tokens_per_s": 1, "kv_bytes": 1, "concurrency": 1},
+        }
+        with pytest.raises(ManifestError, match="default: 'default_entitlement' must not reserve"):
+            load_gate(doc, 100)

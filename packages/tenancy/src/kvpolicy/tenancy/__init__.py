@@ -21,7 +21,7 @@ from kvpolicy.tenancy._classes import (
 from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool
 from kvpolicy.tenancy._errors import ManifestError, TenancyError, UnknownRequestError
 from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
-from kvpolicy.tenancy._manifest import dump_manifest, load_manifest
+from kvpolicy.tenancy._manifest import dump_manifest, load_gate, load_manifest
 from kvpolicy.tenancy._math import (
     PriorityCoefficients,
     burst_intensity,
@@ -67,6 +67,7 @@ __all__ = [
     "burst_intensity",
     "dump_manifest",
     "ewma",
+    "load_gate",
     "load_manifest",
     "priority_weight",
     "retry_after",

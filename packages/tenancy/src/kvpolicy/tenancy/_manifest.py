@@ -8,10 +8,14 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
+from kvpolicy.kvmodel import ModelSpec
 from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool
 from kvpolicy.tenancy._errors import ManifestError
+from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
+from kvpolicy.tenancy._math import PriorityCoefficients
+from kvpolicy.tenancy._store import StateStore
 
-__all__ = ["dump_manifest", "load_manifest"]
+__all__ = ["dump_manifest", "load_gate", "load_manifest"]
 
 _GIB = 2**30
 _RESOURCE_KEYS = frozenset({"tokens_per_s", "kv_bytes", "kv_cache_gib", "concurrency"})
@@ -19,7 +23,9 @@ _ENTITLEMENT_KEYS = frozenset(
     {"tenant", "service_class", "baseline", "burst", "slo_target_s", "max_output_tokens"}
 )
 _POOL_KEYS = frozenset({"name", "capacity"})
-_TOP_KEYS = frozenset({"pool", "entitlements"})
+_TOP_KEYS = frozenset({"pool", "entitlements", "default", "gate"})
+_COEFFICIENT_KEYS = frozenset({"alpha_slo", "alpha_burst", "alpha_debt", "gamma_d", "gamma_b"})
+_GATE_KEYS = _COEFFICIENT_KEYS | {"update_interval_s", "window_s", "min_retry_s", "max_retry_s"}
 
 
 def _mapping(value: object, where: str) -> Mapping[str, Any]:
@@ -100,7 +106,8 @@ def load_manifest(source: Mapping[str, Any] | str | os.PathLike[str]) -> TokenPo
             burst: {tokens_per_s: 200, kv_cache_gib: 4, concurrency: 8}   # optional
 
     KV capacity is ``kv_bytes`` or ``kv_cache_gib`` (GiB, as the paper's resource). YAML files
-    need PyYAML (the ``yaml`` extra).
+    need PyYAML (the ``yaml`` extra). The optional ``default`` and ``gate`` sections are read
+    by :func:`load_gate` (and checked here).
 
     Raises:
         ManifestError: an unknown or missing key (named with its path, e.g.
@@ -117,10 +124,68 @@ def load_manifest(source: Mapping[str, Any] | str | os.PathLike[str]) -> TokenPo
     if not isinstance(raw, list | tuple):
         raise ManifestError(f"entitlements must be a list: {raw!r}")
     ents = [_entitlement(e, f"entitlements[{i}]") for i, e in enumerate(raw)]
+    _default(m)
+    _config(m)
     try:
         return TokenPool(name=_require(pool, "name", "pool"), capacity=capacity, entitlements=ents)
     except (TypeError, ValueError) as err:
         raise ManifestError(f"pool: {err}") from err
+
+
+def _default(m: Mapping[str, Any]) -> TokenEntitlement | None:
+    raw = m.get("default")
+    if raw is None:
+        return None
+    raw = _mapping(raw, "default")
+    if "tenant" in raw:
+        raise ManifestError("default: unknown key 'tenant' (the default serves every tenant)")
+    return _entitlement({**raw, "tenant": "*"}, "default")
+
+
+def _config(m: Mapping[str, Any]) -> GateConfig:
+    raw = _mapping(m.get("gate", {}), "gate")
+    _keys(raw, _GATE_KEYS, "gate")
+    coefficients = {k: v for k, v in raw.items() if k in _COEFFICIENT_KEYS}
+    rest = {k: v for k, v in raw.items() if k not in _COEFFICIENT_KEYS}
+    try:
+        return GateConfig(coefficients=PriorityCoefficients(**coefficients), **rest)
+    except (TypeError, ValueError) as err:
+        raise ManifestError(f"gate: {err}") from err
+
+
+def load_gate(
+    source: Mapping[str, Any] | str | os.PathLike[str],
+    bytes_per_token: int | ModelSpec,
+    *,
+    store: StateStore | None = None,
+) -> TokenPoolGate:
+    """A :class:`TokenPoolGate` from a manifest (see :func:`load_manifest`) with two optional
+    sections::
+
+        default:                 # the entitlement of tenants the manifest does not name
+          service_class: spot
+          baseline: {tokens_per_s: 50, kv_cache_gib: 1, concurrency: 2}
+        gate:                    # GateConfig and PriorityCoefficients fields
+          update_interval_s: 5
+          alpha_debt: 4.0
+
+    Raises:
+        ManifestError: as :func:`load_manifest`, also for the two sections.
+    """
+    if isinstance(source, str | os.PathLike):
+        source = _read(pathlib.Path(source))
+    pool = load_manifest(source)
+    m = _mapping(source, "manifest")
+    try:
+        return TokenPoolGate(
+            pool,
+            bytes_per_token,
+            config=_config(m),
+            store=store,
+            default_entitlement=_default(m),
+        )
+    except ValueError as err:
+        raise ManifestError(f"default: {err}") from err
 
 
 def _read(path: pathlib.Path) -> Any:
