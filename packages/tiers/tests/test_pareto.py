@@ -101,6 +101,28 @@ class TestAdaptiveSearch:
         ref = [40.0, 0.0, 40.0]
         assert adaptive.hypervolume(ref) == truth.hypervolume(ref)
 
+    def test_three_axes_dram_disk_ttl(self) -> None:
+        """Over (DRAM, disk, TTL) the search also reaches the fine-grid front, at a third."""
+
+        def ev(c: Mapping[str, float]) -> Objectives:
+            d, k, t = c["dram"], c["disk"], c["ttl"]
+            latency = max(8 - d, 0) + 0.5 * max(4 - k, 0) + max(2 - t, 0)
+            return Objectives(latency, 10 - max(8 - d, 0), d + 0.25 * k + 0.1 * t)
+
+        coarse = [
+            SearchAxis.of("dram", 0, 16, 4, min_step=1),
+            SearchAxis.of("disk", 0, 8, 4, min_step=1),
+            SearchAxis.of("ttl", 0, 4, 2, min_step=1),
+        ]
+        fine = [SearchAxis.of(a.name, a.low, a.high, 1) for a in coarse]
+        adaptive = adaptive_pareto_search(
+            ev, coarse, expand_threshold=0.01, perf_threshold=0.01, cost_threshold=0.01
+        )
+        truth = grid_search(ev, fine)
+        key = sorted(e.objectives.as_minimization() for e in adaptive.front)
+        assert key == sorted(e.objectives.as_minimization() for e in truth.front)
+        assert (len(adaptive.evaluations), len(truth.evaluations), len(key)) == (264, 765, 63)
+
     def test_expansion_stops_when_the_marginal_gain_is_small(self) -> None:
         """DRAM grows past the grid while one step still cuts latency by > 10 %."""
 
