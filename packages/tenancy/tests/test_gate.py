@@ -315,3 +315,20 @@ class TestBindUnbind:
         gate = TokenPoolGate(small_pool, BPT)
         reqs = [make_request("e") for _ in range(8)] + [make_request("s") for _ in range(5)]
         assert _decisions(gate, reqs) == ["ok"] * 12 + ["priority"]
+
+
+class TestDedicatedBurst:
+    def test_burst_stops_at_the_reservations(self, make_request: MakeRequest) -> None:
+        """Dedicated bursts over spot but never into guaranteed's reservation."""
+        d = TokenEntitlement(
+            "d", "dedicated", Resources(40, 10**6, 4), Resources(100, 2 * 10**6, 10)
+        )
+        g = TokenEntitlement("g", "guaranteed", Resources(80, 10**6, 8))
+        s = TokenEntitlement("s", "spot", Resources(80, 10**6, 8))
+        gate = TokenPoolGate(_pool(d, g, s, slots=16, tps=10_000), BPT)
+        assert _decisions(gate, [make_request("s") for _ in range(5)]) == ["ok"] * 4 + ["priority"]
+        # 4 within d's baseline, 4 bursting over spot, the 9th would eat g's reservation.
+        assert _decisions(gate, [make_request("d") for _ in range(9)]) == ["ok"] * 8 + ["priority"]
+        assert _decisions(gate, [make_request("g") for _ in range(8)]) == ["ok"] * 8
+        ps = gate.pool_state()
+        assert (ps.in_flight, ps.protected_in_flight, ps.reserved_used_slots) == (20, 16, 12)
