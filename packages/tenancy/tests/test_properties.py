@@ -109,3 +109,40 @@ class TestGateInvariants:
         for tenant in tenants:
             u = gate.usage(tenant)
             assert (u.in_flight, u.kv_bytes, u.tokens) == (0, 0, 0)
+
+    @settings(max_examples=100, deadline=None)
+    @given(pools(), ops, st.lists(st.integers(1, 40), min_size=1, max_size=5))
+    def test_capacity_changes_conserve(
+        self, pool: TokenPool, steps: list[tuple[str, int, int, int, float]], slots: list[int]
+    ) -> None:
+        """Outages and recoveries never break limits or conservation; a refused change
+        changes nothing."""
+        gate = TokenPoolGate(pool, BPT)
+        tenants = [e.tenant for e in pool.entitlements]
+        held: list[Request] = []
+        now = 0.0
+        for i, (op, who, prompt, decode, dt) in enumerate(steps):
+            now += dt
+            if i % 7 == 3:
+                cap = pool.capacity
+                new = Resources(cap.tokens_per_s, cap.kv_bytes, slots[i % len(slots)])
+                before = gate.pool_state()
+                try:
+                    gate.set_capacity(new, now)
+                except ValueError:
+                    assert gate.pool_state() == before
+            if op == "release" and held:
+                gate.release(held.pop(who % len(held)), now)
+            elif op == "check" and who < len(tenants):
+                req = Request(f"r{i}", prompt, decode, now, tenants[who])
+                if gate.check(req, now).admitted:
+                    held.append(req)
+            for tenant in tenants:
+                u = gate.usage(tenant)
+                ent = gate.entitlement(tenant)
+                assert ent is not None
+                assert 0 <= u.in_flight <= ent.limits.concurrency
+        for req in held:
+            gate.release(req, now)
+        ps = gate.pool_state()
+        assert (ps.in_flight, ps.kv_bytes, ps.tokens, ps.reserved_used_slots) == (0, 0, 0, 0)
