@@ -10,8 +10,10 @@ import attrs
 from kvpolicy.sim._config import (
     AdmissionConfig,
     EvictionConfig,
+    GatewayConfig,
     PreemptionConfig,
     StackConfig,
+    TiersConfig,
     load_stack,
 )
 from kvpolicy.sim._errors import ConfigError
@@ -19,20 +21,42 @@ from kvpolicy.sim._stack import build_stack
 
 __all__ = ["STACK_PRESETS", "available_parts", "get_stack"]
 
+_TENANTS: dict[str, dict[str, object]] = {
+    # The tenants of the "multi-tenant" workload, one per seed 004 service class. Reserved
+    # baselines (dedicated and guaranteed) are sized to their traffic: chat sends a third of
+    # the requests, copilot a quarter.
+    "copilot": {"service_class": "dedicated", "share": 0.25, "slo_target_s": 1.0},
+    "chat": {"service_class": "guaranteed", "share": 0.5, "slo_target_s": 2.0},
+    "agents": {"service_class": "elastic", "share": 0.2, "slo_target_s": 5.0},
+    "batch": {"service_class": "preemptible", "share": 0.1, "slo_target_s": 30.0},
+    "long-tail": {"service_class": "spot", "share": 0.1, "slo_target_s": 10.0},
+}
+
 STACK_PRESETS: dict[str, StackConfig] = {
     "vllm": StackConfig(name="vllm"),
     "kvpolicy": StackConfig(
         name="kvpolicy",
+        gateway=GatewayConfig(
+            name="token-pool",
+            params={
+                "tenants": _TENANTS,
+                "default": {"service_class": "elastic", "share": 0.2, "slo_target_s": 5.0},
+            },
+        ),
         admission=AdmissionConfig(name="rate-limited"),
         eviction=EvictionConfig(name="token-pd", budget_fraction=0.5),
         preemption=PreemptionConfig(name="least-progressed-first"),
+        tiers=TiersConfig(name="tiered", params={"dram_gib": 64}),
     ),
 }
 """``vllm``: admit while blocks last, last-in preemption by recomputation, no token
-eviction, prefix caching on (vLLM's defaults). ``kvpolicy``: rate-limited admission (seed
-002 §5.1) estimating the length mix online from completions (kvpolicy-admit's default
-window), Token-PD eviction to half the pool (seed 000) and least-progressed-first
-preemption."""
+eviction, prefix caching on in HBM only (vLLM's defaults). ``kvpolicy``: every package:
+a token-pool gateway (seed 004) with the multi-tenant workload's five tenants (any other
+tenant gets an elastic 20% share) and clients that retry three times after each
+Retry-After; rate-limited admission (seed 002 §5.1) estimating the length mix online from
+completions (kvpolicy-admit's default window); Token-PD eviction to half the pool (seed
+000); least-progressed-first preemption; 64 GiB of DRAM below HBM's prefix cache (seed
+003)."""
 
 
 def get_stack(name_or_path: str | pathlib.Path) -> StackConfig:
