@@ -96,11 +96,13 @@ class TokenPoolGate:
        seconds of it) lacks the request's tokens; then ``"kv-cache"``: its KV bytes in flight
        plus the request's exceed ``chi_e``.
     5. ``"priority"``: the pool is contended (the request does not fit the pool's free
-       slots, KV bytes or token bucket) and the entitlement's priority ``w_e`` (eq. 1) does not
-       exceed the admission threshold, the minimum priority among entitlements with requests
-       in flight. A dedicated or guaranteed request within its reserved baseline skips this
-       check (a reservation is never reclaimed), and a dedicated request above its baseline
-       is admitted only while reserved and protected holdings stay within capacity.
+       slots, KV bytes or token bucket, where reservations not in use count as taken: a
+       reservation is held even when idle, Table 1) and the entitlement's priority ``w_e``
+       (eq. 1) does not exceed the admission threshold, the minimum priority among
+       entitlements with requests in flight. A dedicated or guaranteed request within its
+       reserved baseline skips this check (a reservation is never reclaimed), and a
+       dedicated request above its baseline is admitted only while reserved and protected
+       holdings stay within capacity.
 
     Limits are the burst limits for classes that burst, the baseline otherwise. Admitting
     over a contended pool over-commits it: the backend queues the request while
@@ -109,7 +111,9 @@ class TokenPoolGate:
     :meth:`release` returns what a request held and books its actual tokens
     (``prompt_len + decode_len``) instead of the charge. Every ``update_interval_s`` seconds
     of request time the debt (eq. 2) and burst intensity (eq. 3) of every entitlement are
-    updated from the tokens served and asked for in the interval.
+    updated from the tokens served in the interval and whether the pool denied the
+    entitlement (only then does a shortfall below baseline count as debt; see
+    :func:`~kvpolicy.tenancy.service_gap`).
 
     Request times need not be monotonic across calls; a time earlier than one already seen
     neither refills a bucket nor runs an update.
@@ -402,8 +406,7 @@ class TokenPoolGate:
 
         The buckets get back the difference between the charge and the actual
         ``prompt_len + decode_len`` (or pay it, when the request generated more than
-        ``max_output_tokens``), and the interval's served and asked-for tokens are corrected
-        the same way.
+        ``max_output_tokens``), and the interval's served tokens are corrected the same way.
 
         Raises:
             TypeError: ``request`` is not a Request or ``time`` is not a number.
@@ -674,7 +677,7 @@ class TokenPoolGate:
         if time < ps.next_tick:
             return ps
         interval = self._config.update_interval_s
-        # Ticks after the first see an interval with nothing served or asked for.
+        # Ticks after the first see an interval with nothing served and no contention.
         idle = math.floor((time - ps.next_tick) / interval)
         for tenant in store.tenants():
             state = store.entitlement(tenant)
