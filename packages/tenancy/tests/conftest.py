@@ -107,7 +107,7 @@ def redis_url() -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.slow)])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def store_factory(request: pytest.FixtureRequest) -> Callable[[], StateStore]:
     """Factory of empty state stores of every implementation (Redis: a fresh namespace)."""
     if request.param == "memory":
