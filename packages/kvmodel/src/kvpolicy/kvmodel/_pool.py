@@ -299,22 +299,22 @@ class BlockPool:
         for b in hits:
             self._take(b)
             table.append(b)
-        for _ in range(fresh):
-            table.append(self._pop_free())
+        table.extend(self._pop_many(fresh))
         self._tables[request_id] = table
-        self._tokens[request_id] = 0
         cached_tokens = len(hits) * bs
-        # Hit blocks are already full; fill the fresh ones.
-        for i, b in enumerate(table):
-            if i < len(hits):
-                continue
-            lo = i * bs
-            n = min(bs, num_tokens - lo)
-            self._fill[b] = n
-            if token_ids is not None:
-                self._content[b] = list(token_ids[lo : lo + n])
-            if self._prefix_caching and i < len(prefix_hashes) and n == bs:
-                self._register(b, prefix_hashes[i])
+        # Hit blocks are already full; fill the fresh ones: all full but maybe the last.
+        fill = self._fill
+        start = len(hits)
+        for b in table[start:]:
+            fill[b] = bs
+        if fresh and num_tokens % bs:
+            fill[table[-1]] = num_tokens % bs
+        if token_ids is not None:
+            for i in range(start, len(table)):
+                self._content[table[i]] = list(token_ids[i * bs : (i + 1) * bs])
+        if self._prefix_caching:
+            for i in range(start, min(len(prefix_hashes), full_blocks)):
+                self._register(table[i], prefix_hashes[i])
         self._tokens[request_id] = num_tokens
         return Allocation(block_ids=tuple(table), cached_tokens=cached_tokens)
 
@@ -429,10 +429,11 @@ class BlockPool:
             raise BlockPoolError(f"unknown request {request_id!r} (never allocated or freed)")
         del self._tokens[request_id]
         # Last blocks first, so that a prompt's first blocks stay cached the longest.
+        ref, free = self._ref, self._free
         for b in reversed(table):
-            self._ref[b] -= 1
-            if self._ref[b] == 0:
-                self._free[b] = None
+            ref[b] -= 1
+            if ref[b] == 0:
+                free[b] = None
 
     def truncate(self, request_id: str, num_tokens: int) -> None:
         """Drop tokens past ``num_tokens`` (rollback of speculative tokens), freeing whole
@@ -483,6 +484,26 @@ class BlockPool:
         if self._ref[block] == 0:
             del self._free[block]
         self._ref[block] += 1
+
+    def _pop_many(self, n: int) -> list[int]:
+        """:meth:`_pop_free` ``n`` times (the allocation hot path, with locals bound)."""
+        popitem = self._free.popitem
+        block_hash, cached, dropped = self._block_hash, self._cached, self._dropped
+        fill, content, ref = self._fill, self._content, self._ref
+        out = []
+        for _ in range(n):
+            block, _ = popitem(last=False)
+            if block_hash:
+                h = block_hash.pop(block, None)
+                if h is not None:
+                    del cached[h]
+                    if dropped is not None:
+                        dropped.append(h)
+            fill[block] = 0
+            content[block] = None
+            ref[block] = 1
+            out.append(block)
+        return out
 
     def _pop_free(self) -> int:
         block, _ = self._free.popitem(last=False)
