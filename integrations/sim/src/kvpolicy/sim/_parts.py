@@ -127,6 +127,8 @@ def _share_entitlement(
         return tenancy.TokenEntitlement(
             tenant=tenant, service_class=cls, baseline=baseline, burst=burst, **kwargs
         )
+    except ConfigError:
+        raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from exc
 
