@@ -235,6 +235,17 @@ class TestSummary:
         assert s["accumulated_top_1pct_mass"] == pytest.approx(col[0] / n)
         assert s["accumulated_top_10pct_mass"] == pytest.approx(col[:10].sum() / n)
 
+    def test_persistence_of_the_model(self) -> None:
+        """Persistent scores alone make far-apart queries favour the same keys (correlation
+        near 1); per-query noise alone leaves only the shared recency (far lower)."""
+        rng = np.random.default_rng(0)
+        persistent = AttentionModel(heavy_sigma=1.5, query_sigma=0.0)
+        per_query = AttentionModel(heavy_sigma=0.0, query_sigma=1.5)
+        a = persistent.matrix(persistent.token_scores(rng, 300))
+        b = per_query.matrix(per_query.token_scores(rng, 300), rng)
+        assert attention_summary(a)["persistence"] > 0.95
+        assert attention_summary(b)["persistence"] < 0.5
+
     def test_too_short(self) -> None:
         """A matrix no longer than warmup + 8 is refused."""
         with pytest.raises(ValueError, match="longer than warmup \\+ 8 = 72: 40"):

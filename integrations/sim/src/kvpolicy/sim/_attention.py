@@ -104,9 +104,9 @@ class AttentionModel:
     """``alpha``: exponent of the power-law recency decay ``max(d, 1)^-alpha``."""
     heavy_weight: float = field(default=1.0, converter=float, validator=ge(0.0))
     """``h``: weight of a token of average heavy-hitter score."""
-    heavy_sigma: float = field(default=2.89, converter=float, validator=[ge(0.0), le(5.0)])
+    heavy_sigma: float = field(default=2.76, converter=float, validator=[ge(0.0), le(5.0)])
     """``sigma``: log standard deviation of the persistent heavy-hitter score ``z``."""
-    query_sigma: float = field(default=1.43, converter=float, validator=[ge(0.0), le(5.0)])
+    query_sigma: float = field(default=1.75, converter=float, validator=[ge(0.0), le(5.0)])
     """``query_sigma``: log standard deviation of the per-query noise ``e`` on ``h · z``."""
 
     def __attrs_post_init__(self) -> None:
@@ -393,11 +393,14 @@ def _levenberg_marquardt(
 
 
 def _concentration(a: NDArray[np.float64], warmup: int) -> NDArray[np.float64]:
-    """(6,) float64: per-query top 1/5/10% mass (queries ``>= warmup``), then accumulated.
+    """(7,) float64: per-query top 1/5/10% mass, accumulated top 1/5/10% mass, persistence.
 
-    Per-query: the share of query ``q``'s attention on its ``ceil((q + 1) p / 100)`` largest
-    keys, averaged over queries. Accumulated: the share of the column sums (H2O's scores)
-    on the ``ceil(T p / 100)`` largest.
+    Per-query: the share of query ``q``'s attention (``q >= warmup``) on its
+    ``ceil((q + 1) p / 100)`` largest keys, averaged over queries. Accumulated: the share of
+    the column sums (H2O's scores) on the ``ceil(T p / 100)`` largest. Persistence: the
+    correlation of ``log a[t, p]`` and ``log a[t + T/8, p]`` over the keys ``4 <= p < t - 64``
+    both queries see from afar, averaged over 16 rows ``t`` of the second half: how far the
+    keys a query favours are the keys a much later query favours.
     """
     n = a.shape[0]
     q = np.arange(warmup, n)
@@ -409,6 +412,17 @@ def _concentration(a: NDArray[np.float64], warmup: int) -> NDArray[np.float64]:
         out.append(float(ranked[np.arange(len(q)), k - 1].mean()))
     for p in (1, 5, 10):
         out.append(float(col[max(1, math.ceil(n * p / 100)) - 1] / col[-1]))
+    lag = max(1, n // 8)
+    corr = []
+    for t in np.linspace(n // 2, n - 1 - lag, 16).astype(np.int64):
+        keys = np.arange(4, t - 64)
+        if len(keys) < 8:
+            continue
+        x = np.log(np.maximum(a[t, keys], 1e-300))
+        y = np.log(np.maximum(a[t + lag, keys], 1e-300))
+        if x.std() > 0 and y.std() > 0:
+            corr.append(float(np.corrcoef(x, y)[0, 1]))
+    out.append(float(np.mean(corr)) if corr else 1.0)
     return np.array(out)
 
 
@@ -419,10 +433,12 @@ def _heavy_sigmas(
 
     The fitted sinks and recency fix everything but the dispersion of ``z · e``. Its two
     parts act differently: persistent ``z`` concentrates the accumulated (column-sum)
-    attention, per-query ``e`` only each query's. So the fit matches both: the per-query
-    and the accumulated top 1/5/10% mass of ``a`` against those of a matrix drawn from the
-    model at the same ``T`` (least squares; the draws reuse one set of standard normals, so
-    the objective is smooth in the two sigmas).
+    attention and makes a later query favour the keys an earlier one favoured, per-query
+    ``e`` disperses each query's attention alone. So the fit matches the seven statistics of
+    :func:`_concentration` (per-query and accumulated top 1/5/10% mass, persistence over
+    ``T/8`` queries) of ``a`` against those of matrices drawn from the model at the same
+    ``T`` (least squares; the draws reuse one set of standard normals, so the objective is
+    smooth in the two sigmas).
     """
     k, n = a.shape[0], a.shape[1]
     target = np.mean([_concentration(m, warmup) for m in a], axis=0)
@@ -560,7 +576,9 @@ def attention_summary(attention: NDArray[np.float64], warmup: int = 64) -> dict[
 
     The same definitions as ``kvpolicy evict stats`` (sink key 0 and keys 0-3, the 16 newest
     keys, mean attention at distances 1..256 with the 4 leading keys excluded, per-query and
-    accumulated top 1/5/10% mass), so a recorded matrix and a synthetic one compare.
+    accumulated top 1/5/10% mass), so a recorded matrix and a synthetic one compare, plus
+    ``persistence``: the correlation of the log attention two queries ``T/8`` apart pay the
+    same far keys (see :func:`fit_attention`).
 
     Args:
         attention: (T, T) float64 causal row-stochastic matrix.
@@ -588,16 +606,11 @@ def attention_summary(attention: NDArray[np.float64], warmup: int = 64) -> dict[
         qs = np.arange(max(warmup, d + 4), n)
         if len(qs):
             out[f"attention_at_distance_{d}"] = float(a[qs, qs - d].mean())
-    col = np.sort(a.sum(axis=0))[::-1]
-    for p in (1, 5, 10):
-        shares = []
-        for q in queries:
-            row = np.sort(a[q, : q + 1])[::-1]
-            shares.append(row[: max(1, math.ceil((q + 1) * p / 100))].sum())
-        out[f"per_query_top_{p}pct_mass"] = float(np.mean(shares))
-        out[f"accumulated_top_{p}pct_mass"] = float(
-            col[: max(1, math.ceil(n * p / 100))].sum() / col.sum()
-        )
+    conc = _concentration(a, warmup)
+    for i, p in enumerate((1, 5, 10)):
+        out[f"per_query_top_{p}pct_mass"] = float(conc[i])
+        out[f"accumulated_top_{p}pct_mass"] = float(conc[3 + i])
+    out["persistence"] = float(conc[6])
     return out
 
 

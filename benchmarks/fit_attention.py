@@ -1,0 +1,150 @@
+"""Fit the simulator's attention model to SmolLM2-135M and check it where eviction needs it.
+
+Records the full-cache attention of SmolLM2-135M-Instruct (averaged over layers and heads)
+on the first ``--tokens`` tokens of three texts (Python's pydoc topics, GPL-3, Apache-2.0),
+fits :class:`kvpolicy.sim.AttentionModel` to the three jointly, and writes to ``--out``:
+
+- ``fit.json``: the parameters, the recorded and synthetic statistics (per-distance mean
+  attention, sink share, top-k mass), and the attention recall of FIFO, LRU, H2O,
+  sink+window and Token-PD at budgets 25% and 50% replayed on each recorded matrix and on
+  three draws of the fitted model (with and without the per-query noise);
+- ``attention_fit.png``: per-distance mean attention, recorded vs model.
+
+These are the numbers of ``integrations/sim/ATTENTION_FIT.md``. Needs kvpolicy-evict's
+``quality`` extra; about two minutes on two CPU cores.
+
+    python benchmarks/fit_attention.py --out /tmp/attention-fit
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+from typing import Any
+
+import numpy as np
+
+from kvpolicy.evict import make_policy
+from kvpolicy.sim import AttentionModel, fit_attention
+from kvpolicy.sim._attention import attention_recall, attention_summary
+
+POLICIES = ("fifo", "lru", "h2o", "sink-window", "token-pd")
+BUDGETS = (0.25, 0.5)
+SEEDS = (100, 101, 102)
+
+
+def record(tokens: int) -> dict[str, Any]:
+    """name -> (T, T) float64 attention of SmolLM2-135M, mean over layers and heads."""
+    from kvpolicy.evict.quality import LICENSES_DIR, default_text, load_smollm2, window_attention
+
+    lm = load_smollm2()
+    texts = {
+        "pydoc_data.topics": default_text(),
+        "GPL-3": (LICENSES_DIR / "GPL-3").read_text(errors="replace"),
+        "Apache-2.0": (LICENSES_DIR / "Apache-2.0").read_text(errors="replace"),
+    }
+    out = {}
+    for name, text in texts.items():
+        _, attention = window_attention(lm, lm.encode(text, tokens))
+        mass = attention.mean(dim=(0, 1)).double().numpy()
+        out[name] = mass / mass.sum(axis=1, keepdims=True)
+    return out
+
+
+def recall_table(a: np.ndarray) -> dict[str, float]:
+    """``"policy@budget"`` -> attention recall on ``a`` (H2O keeps a window of B // 2)."""
+    n = a.shape[0]
+    out = {}
+    for b in BUDGETS:
+        k = round(b * n)
+        for name in POLICIES:
+            policy = (
+                make_policy("h2o", recent_window=k // 2) if name == "h2o" else make_policy(name)
+            )
+            out[f"{name}@{b}"] = attention_recall(a, policy, k)
+    return out
+
+
+def mean_dicts(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+
+
+def draws(model: AttentionModel, tokens: int, noise: bool) -> list[np.ndarray]:
+    out = []
+    for seed in SEEDS:
+        rng = np.random.default_rng(seed)
+        out.append(model.matrix(model.token_scores(rng, tokens), rng if noise else None))
+    return out
+
+
+def plot(path: pathlib.Path, recorded: list[np.ndarray], model: AttentionModel) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = recorded[0].shape[0]
+    d = np.unique(np.geomspace(1, n // 2, 60).round().astype(int))
+    rows = np.arange(n // 2, n)
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=90)
+    for a in recorded:
+        ax.loglog(d, [a[rows, rows - k].mean() for k in d], color="0.6", lw=1)
+    t = rows.astype(np.float64)
+    z_row = np.array([model.normaliser(int(x) + 1, x + 1) for x in t])
+    ax.loglog(
+        d,
+        [
+            float(np.mean((model.recency_weight * max(k, 1) ** -model.recency_alpha + 1) / z_row))
+            for k in d
+        ],
+        color="C3",
+        lw=2,
+        label="fitted model",
+    )
+    ax.plot([], [], color="0.6", label="SmolLM2-135M (3 texts)")
+    ax.set_xlabel("query-key distance d")
+    ax.set_ylabel(f"mean attention (queries {n // 2}..{n - 1})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    recorded = record(args.tokens)
+    mats = list(recorded.values())
+    model = fit_attention(np.stack(mats))
+    per_text = {name: fit_attention(a).to_dict() for name, a in recorded.items()}
+    without_noise = AttentionModel.from_dict({**model.to_dict(), "query_sigma": 0.0})
+    synthetic = draws(model, args.tokens, True)
+    result = {
+        "tokens": args.tokens,
+        "model": model.to_dict(),
+        "per_text_fit": per_text,
+        "summary": {
+            "recorded": mean_dicts([attention_summary(a) for a in mats]),
+            "synthetic": mean_dicts(
+                [attention_summary(a) for a in draws(model, args.tokens, True)]
+            ),
+        },
+        "recall": {
+            **{f"recorded:{name}": recall_table(a) for name, a in recorded.items()},
+            "synthetic": mean_dicts([recall_table(a) for a in synthetic]),
+            "synthetic without query noise": mean_dicts(
+                [recall_table(a) for a in draws(without_noise, args.tokens, False)]
+            ),
+        },
+    }
+    (args.out / "fit.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(args.out / "attention_fit.png", mats, model)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
