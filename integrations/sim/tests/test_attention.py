@@ -166,7 +166,7 @@ class TestFit:
         """A matrix drawn from the model gives back its sinks and recency within 8%, its
         persistent sigma within 0.15 and its per-query sigma within 0.3."""
         rng = np.random.default_rng(0)
-        a = truth.matrix(truth.token_scores(rng, 700), rng)
+        a = truth.matrix(truth.token_scores(rng, 500), rng)
         fit = fit_attention(a, max_distance=128)
         assert fit.sink_tokens == 1
         assert fit.heavy_weight == 1.0
