@@ -39,7 +39,7 @@ class TestAttentionModel:
     @pytest.mark.parametrize("alpha", [0.0, 0.5, 0.965, 1.0, 1.0 + 1e-9, 2.5])
     def test_normaliser_equals_the_sum(self, length: int, alpha: float) -> None:
         """Z in closed form equals the sum of every expected weight."""
-        m = AttentionModel(sink_tokens=2, recency_alpha=alpha)
+        m = AttentionModel(sink_tokens=2, recency_alpha=alpha, heavy_decay=0.4)
         z = m.token_scores(np.random.default_rng(1), length)
         pos = np.arange(length, dtype=np.int64)
         assert m.normaliser(length, float(z.sum())) == pytest.approx(
@@ -58,6 +58,11 @@ class TestAttentionModel:
         m = AttentionModel(sink_tokens=0, recency_weight=10.0, recency_alpha=1.0)
         w = m.weights(np.array([0, 1, 2, 3], dtype=np.int64), 4, np.zeros(4))
         np.testing.assert_allclose(w, [10 / 3, 10 / 2, 10.0, 10.0])
+
+    def test_body_weight_decays_with_the_context(self) -> None:
+        """The heavy-hitter weight of a query over L keys is h · L^-gamma."""
+        m = AttentionModel(heavy_weight=2.0, heavy_decay=0.5)
+        assert [m.body_weight(n) for n in (0, 1, 4, 100)] == [2.0, 2.0, 1.0, 0.2]
 
     def test_defaults_reproduce_the_recorded_shares(self) -> None:
         """At 288 tokens of context the defaults come within 12% of SmolLM2-135M's recorded
@@ -154,39 +159,51 @@ class TestFit:
                 query_sigma=0.6,
             ),
             AttentionModel(
-                sink_weight=400,
-                recency_weight=60,
+                sink_weight=30,
+                recency_weight=8,
                 recency_alpha=0.7,
+                heavy_decay=0.6,
                 heavy_sigma=1.2,
                 query_sigma=0.0,
             ),
         ],
     )
     def test_recovers_parameters(self, truth: AttentionModel) -> None:
-        """A matrix drawn from the model gives back its sinks and recency within 8%, its
-        persistent sigma within 0.15 and its per-query sigma within 0.3."""
+        """A matrix drawn from the model gives back its sink and recency weights relative to
+        the heavy hitters' (at 250 keys) within 10%, its decays within 0.05, its persistent
+        sigma within 0.15 and its per-query sigma within 0.3."""
         rng = np.random.default_rng(0)
         a = truth.matrix(truth.token_scores(rng, 500), rng)
         fit = fit_attention(a, max_distance=128)
         assert fit.sink_tokens == 1
         assert fit.heavy_weight == 1.0
-        assert fit.sink_weight == pytest.approx(truth.sink_weight, rel=0.08)
-        assert fit.recency_weight == pytest.approx(truth.recency_weight, rel=0.08)
-        assert fit.recency_alpha == pytest.approx(truth.recency_alpha, rel=0.08)
+        assert fit.sink_weight / fit.body_weight(250) == pytest.approx(
+            truth.sink_weight / truth.body_weight(250), rel=0.1
+        )
+        assert fit.recency_weight / fit.body_weight(250) == pytest.approx(
+            truth.recency_weight / truth.body_weight(250), rel=0.1
+        )
+        assert fit.recency_alpha == pytest.approx(truth.recency_alpha, abs=0.05)
+        assert fit.heavy_decay == pytest.approx(truth.heavy_decay, abs=0.05)
         assert fit.heavy_sigma == pytest.approx(truth.heavy_sigma, abs=0.15)
         assert fit.query_sigma == pytest.approx(truth.query_sigma, abs=0.3)
 
     def test_stack_is_fitted_jointly(self) -> None:
-        """Two draws stacked fit the same sinks and recency as their parameters (within 8%)."""
+        """Two draws stacked give back their sink and recency weights relative to the heavy
+        hitters' (at 200 keys) within 8%."""
         truth = AttentionModel(
             sink_weight=200, recency_weight=30, recency_alpha=0.9, heavy_sigma=0.8, query_sigma=0.5
         )
         rng = np.random.default_rng(1)
         stack = np.stack([truth.matrix(truth.token_scores(rng, 400), rng) for _ in range(2)])
         fit = fit_attention(stack, max_distance=64)
-        assert fit.sink_weight == pytest.approx(200, rel=0.08)
-        assert fit.recency_weight == pytest.approx(30, rel=0.08)
-        assert fit.recency_alpha == pytest.approx(0.9, rel=0.08)
+        assert fit.sink_weight / fit.body_weight(200) == pytest.approx(
+            200 / truth.body_weight(200), rel=0.08
+        )
+        assert fit.recency_weight / fit.body_weight(200) == pytest.approx(
+            30 / truth.body_weight(200), rel=0.08
+        )
+        assert fit.recency_alpha == pytest.approx(0.9, abs=0.05)
 
     @pytest.mark.parametrize(
         ("attention", "message"),

@@ -5,7 +5,7 @@ recency window, H2O's heavy hitters). The model gives key position ``p`` a weigh
 query is the ``length``-th token (keys ``0 .. length - 1``, the newest at distance
 ``d = length - 1 - p = 0``)::
 
-    w(p) = s · [p < n_sink]  +  r · max(d, 1)^(-alpha)  +  h · z_p · e_p
+    w(p) = s · [p < n_sink]  +  r · max(d, 1)^(-alpha)  +  h · length^(-gamma) · z_p · e_p
 
 and the attention it receives is ``a(p) = w(p) / Z`` with ``Z = sum_q w(q)``, the sum over
 *every* earlier position, resident or evicted. The mass on evicted keys is the attention a
@@ -15,6 +15,9 @@ policy lost; ``sum_{p resident} a(p)`` is its *attention recall*.
   floor from distance 1 to 256 (an exponential cannot follow both ends). The newest key is
   the query's own (``d = 0``); the recording weights it like ``d = 1`` (0.057 and 0.066),
   hence ``max(d, 1)``.
+- The heavy-hitter weight per key, ``h · length^-gamma``, falls as the context grows: the
+  recorded sink share stays near 0.27 from 300 to 2048 keys, where a constant weight would
+  let the body's growing total push it down to 0.21.
 - ``z_p`` is a per-token heavy-hitter score drawn once, log-normal with unit mean and log
   standard deviation ``sigma``: H2O reports that some tokens draw attention throughout a
   generation.
@@ -33,6 +36,7 @@ goodness of fit and the eviction check are in ``ATTENTION_FIT.md`` next to this 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -96,17 +100,22 @@ class AttentionModel:
 
     sink_tokens: int = field(default=1, validator=[instance_of(int), ge(0)])
     """``n_sink``: leading positions that act as attention sinks."""
-    sink_weight: float = field(default=1249.0, converter=float, validator=ge(0.0))
+    sink_weight: float = field(default=24.87, converter=float, validator=ge(0.0))
     """``s``: weight of each sink token."""
-    recency_weight: float = field(default=300.7, converter=float, validator=ge(0.0))
+    recency_weight: float = field(default=6.17, converter=float, validator=ge(0.0))
     """``r``: weight of the newest key (and of the key one position back)."""
-    recency_alpha: float = field(default=0.965, converter=float, validator=[ge(0.0), le(4.0)])
+    recency_alpha: float = field(default=0.993, converter=float, validator=[ge(0.0), le(4.0)])
     """``alpha``: exponent of the power-law recency decay ``max(d, 1)^-alpha``."""
     heavy_weight: float = field(default=1.0, converter=float, validator=ge(0.0))
-    """``h``: weight of a token of average heavy-hitter score."""
-    heavy_sigma: float = field(default=2.76, converter=float, validator=[ge(0.0), le(5.0)])
+    """``h``: weight of a token of average heavy-hitter score at a query over one key."""
+    heavy_decay: float = field(default=0.59, converter=float, validator=[ge(0.0), le(2.0)])
+    """``gamma``: the heavy-hitter weight of a query over ``length`` keys is
+    ``h · length^-gamma``. With ``gamma = 0`` the body's total weight grows with the context
+    and the sink's share falls as ``1 / length``; the recording's sink share stays near 0.27
+    from 300 to 2048 keys, which a positive ``gamma`` reproduces."""
+    heavy_sigma: float = field(default=2.65, converter=float, validator=[ge(0.0), le(5.0)])
     """``sigma``: log standard deviation of the persistent heavy-hitter score ``z``."""
-    query_sigma: float = field(default=1.75, converter=float, validator=[ge(0.0), le(5.0)])
+    query_sigma: float = field(default=1.65, converter=float, validator=[ge(0.0), le(5.0)])
     """``query_sigma``: log standard deviation of the per-query noise ``e`` on ``h · z``."""
 
     def __attrs_post_init__(self) -> None:
@@ -126,6 +135,10 @@ class AttentionModel:
         out: NDArray[np.float64] = rng.lognormal(-0.5 * self.heavy_sigma**2, self.heavy_sigma, n)
         return out
 
+    def body_weight(self, length: int) -> float:
+        """``h · length^-gamma``: the weight of a key of score ``z = 1`` for this query."""
+        return float(self.heavy_weight * max(length, 1) ** -self.heavy_decay)
+
     def weights(
         self, positions: NDArray[np.int64], length: int, z: NDArray[np.float64]
     ) -> NDArray[np.float64]:
@@ -142,7 +155,7 @@ class AttentionModel:
         dist = (length - 1 - positions).astype(np.float64)
         w = (
             self.recency_weight * _recency(dist, self.recency_alpha)
-            + self.heavy_weight * z[positions]
+            + self.body_weight(length) * z[positions]
         )
         if self.sink_tokens:
             w = w + self.sink_weight * (positions < self.sink_tokens)
@@ -174,13 +187,14 @@ class AttentionModel:
         """
         if isinstance(queries, bool) or not isinstance(queries, int) or queries < 1:
             raise ValueError(f"'queries' must be an int >= 1: {queries!r}")
-        base = self.weights(positions, length, z) - self.heavy_weight * z[positions]
+        body = self.body_weight(length) * z[positions]
+        base = self.weights(positions, length, z) - body
         if self.query_sigma == 0.0:
             noise = np.ones(len(positions))
         else:
             var = math.log1p(math.expm1(self.query_sigma**2) / queries)
             noise = rng.lognormal(-0.5 * var, math.sqrt(var), len(positions))
-        out: NDArray[np.float64] = queries * (base + self.heavy_weight * z[positions] * noise)
+        out: NDArray[np.float64] = queries * (base + body * noise)
         return out
 
     def normaliser(self, length: int, z_prefix_sum: float) -> float:
@@ -195,7 +209,7 @@ class AttentionModel:
         return (
             self.sink_weight * sinks
             + self.recency_weight * recency
-            + self.heavy_weight * z_prefix_sum
+            + self.body_weight(length) * z_prefix_sum
         )
 
     def matrix(
@@ -320,29 +334,31 @@ class _Targets:
         self.sink_share = np.array([a[:, g, :sinks].sum(axis=2).mean() for g in self.groups])
 
     def predict(
-        self, s: float, r: float, alpha: float
+        self, s: float, r: float, alpha: float, gamma: float
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Model means at ``dist`` and sink shares per group, with ``h = 1``, ``E z = 1``."""
         n = self.n
         t = np.arange(n)
         h_sum = _power_cumsum(n, alpha)
-        z_row = s * np.minimum(self.sinks, t + 1) + r * (1.0 + h_sum[t]) + (t + 1)
+        body = (t + 1.0) ** -gamma  # per-key heavy-hitter weight of row t (length t + 1)
+        z_row = s * np.minimum(self.sinks, t + 1) + r * (1.0 + h_sum[t]) + body * (t + 1)
         inv = 1.0 / z_row
-        # tail[f] = mean of inv over rows f .. n - 1
+        # Means over rows f .. n - 1 of 1 / Z_t and body_t / Z_t.
         tail = np.cumsum(inv[::-1])[::-1] / (n - t)
+        tail_body = np.cumsum((body * inv)[::-1])[::-1] / (n - t)
         rec = _recency(self.dist.astype(np.float64), alpha)
-        by_dist = (r * rec + 1.0) * tail[self.first]
+        by_dist = r * rec * tail[self.first] + tail_body[self.first]
         shares = []
         for g in self.groups:
             d = (g[:, None] - np.arange(self.sinks)[None, :]).astype(np.float64)
-            w = s + r * _recency(d, alpha) + 1.0
+            w = s + r * _recency(d, alpha) + body[g][:, None]
             shares.append(float((w.sum(axis=1) * inv[g]).mean()))
         return by_dist, np.array(shares)
 
     def residuals(self, theta: NDArray[np.float64]) -> NDArray[np.float64]:
         """Log residuals, each family weighted to equal total weight."""
         s = math.exp(theta[0]) if self.sinks else 0.0
-        by_dist, shares = self.predict(s, math.exp(theta[1]), float(theta[2]))
+        by_dist, shares = self.predict(s, math.exp(theta[1]), float(theta[2]), float(theta[3]))
         res: NDArray[np.float64] = (
             np.log(by_dist) - np.log(np.maximum(self.by_dist, 1e-300))
         ) / math.sqrt(len(by_dist))
@@ -427,7 +443,14 @@ def _concentration(a: NDArray[np.float64], warmup: int) -> NDArray[np.float64]:
 
 
 def _heavy_sigmas(
-    a: NDArray[np.float64], s: float, r: float, alpha: float, sinks: int, warmup: int, seed: int
+    a: NDArray[np.float64],
+    s: float,
+    r: float,
+    alpha: float,
+    gamma: float,
+    sinks: int,
+    warmup: int,
+    seed: int,
 ) -> tuple[float, float]:
     """``(sigma, query_sigma)`` matching the heavy-hitter concentration of ``a``.
 
@@ -449,6 +472,7 @@ def _heavy_sigmas(
     dist = (t[:, None] - t[None, :]).astype(np.float64)
     causal = dist >= 0
     base = r * _recency(np.abs(dist), alpha) + s * (t[None, :] < sinks)
+    body = ((t + 1.0) ** -gamma)[:, None]
 
     def residuals(theta: NDArray[np.float64]) -> NDArray[np.float64]:
         sigma, q_sigma = float(theta[0]), float(theta[1])
@@ -456,7 +480,7 @@ def _heavy_sigmas(
         for g, big_g in zip(gs, big_gs, strict=True):
             z = np.exp(sigma * g - 0.5 * sigma**2)
             noise = np.exp(q_sigma * big_g - 0.5 * q_sigma**2)
-            w = np.where(causal, base + z[None, :] * noise, 0.0)
+            w = np.where(causal, base + body * z[None, :] * noise, 0.0)
             drawn.append(_concentration(w / w.sum(axis=1, keepdims=True), warmup))
         out: NDArray[np.float64] = np.mean(drawn, axis=0) - target
         return out
@@ -485,12 +509,12 @@ def fit_attention(
 ) -> AttentionModel:
     """Fit :class:`AttentionModel` to a recorded attention matrix.
 
-    1. ``s``, ``r``, ``alpha`` (with ``h = 1``): least squares in log space over two
-       families of row averages, each weighted to equal total weight: the mean attention at
-       each of ~40 distances ``d = 0 .. max_distance`` (log-spaced, sink keys excluded) and
-       the sink share in 8 groups of query rows (the share falls as ``Z`` grows with the
-       row). The model's means use ``E z = 1`` and its exact normaliser per row;
-       Levenberg-Marquardt from the best of a grid over ``alpha``.
+    1. ``s``, ``r``, ``alpha``, ``gamma`` (with ``h = 1``): least squares in log space over
+       two families of row averages, each weighted to equal total weight: the mean attention
+       at each of ~40 distances ``d = 0 .. max_distance`` (log-spaced, sink keys excluded)
+       and the sink share in 8 groups of query rows (how it changes with the row fixes
+       ``gamma``). The model's means use ``E z = 1`` and its exact normaliser per row;
+       Levenberg-Marquardt from the best of a grid over ``alpha`` and ``gamma``.
     2. ``sigma``, ``query_sigma``: least squares of the per-query and the accumulated
        top 1/5/10% attention mass against a matrix drawn from the model (see
        :func:`_heavy_sigmas`): persistent scores concentrate the accumulated mass, per-query
@@ -536,13 +560,20 @@ def fit_attention(
     far = float(targets.by_dist[-1])
     r0 = max(float(targets.by_dist[1]) / far - 1.0, 1e-3)
     s0 = max(float(targets.sink_share.mean()) / far, 1e-3) if sinks else 1.0
-    lower = np.array([math.log(1e-6), math.log(1e-6), 0.0])
-    upper = np.array([math.log(1e9), math.log(1e9), 4.0])
+    lower = np.array([math.log(1e-6), math.log(1e-6), 0.0, 0.0])
+    upper = np.array([math.log(1e9), math.log(1e9), 4.0, 2.0])
     best: tuple[float, NDArray[np.float64]] | None = None
-    for alpha in np.linspace(0.1, 2.5, 13):
+    for alpha, gamma in itertools.product(np.linspace(0.1, 2.5, 9), (0.0, 0.5, 1.0)):
         theta = _levenberg_marquardt(
             targets.residuals,
-            np.array([math.log(s0), math.log(r0), alpha]),
+            np.array(
+                [
+                    math.log(s0) - gamma * math.log(n),
+                    math.log(r0) - gamma * math.log(n),
+                    alpha,
+                    gamma,
+                ]
+            ),
             lower,
             upper,
             iterations=6,
@@ -555,13 +586,15 @@ def fit_attention(
     s = math.exp(theta[0]) if sinks else 0.0
     r = math.exp(theta[1])
     alpha = float(theta[2])
-    sigma, q_sigma = _heavy_sigmas(a, s, r, alpha, sinks, warmup, seed)
+    gamma = float(theta[3])
+    sigma, q_sigma = _heavy_sigmas(a, s, r, alpha, gamma, sinks, warmup, seed)
     return AttentionModel(
         sink_tokens=sinks,
         sink_weight=s,
         recency_weight=r,
         recency_alpha=alpha,
         heavy_weight=1.0,
+        heavy_decay=gamma,
         heavy_sigma=sigma,
         query_sigma=q_sigma,
     )
