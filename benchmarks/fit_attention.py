@@ -92,10 +92,13 @@ def plot(path: pathlib.Path, recorded: list[np.ndarray], model: AttentionModel) 
         ax.loglog(d, [a[rows, rows - k].mean() for k in d], color="0.6", lw=1)
     t = rows.astype(np.float64)
     z_row = np.array([model.normaliser(int(x) + 1, x + 1) for x in t])
+    body = np.array([model.body_weight(int(x) + 1) for x in t])
     ax.loglog(
         d,
         [
-            float(np.mean((model.recency_weight * max(k, 1) ** -model.recency_alpha + 1) / z_row))
+            float(
+                np.mean((model.recency_weight * max(k, 1) ** -model.recency_alpha + body) / z_row)
+            )
             for k in d
         ],
         color="C3",
