@@ -7,11 +7,13 @@ fits :class:`kvpolicy.sim.AttentionModel` to the three jointly, and writes to ``
 - ``fit.json``: the parameters, the recorded and synthetic statistics (per-distance mean
   attention, sink share, top-k mass), and the attention recall of FIFO, LRU, H2O,
   sink+window and Token-PD at budgets 25% and 50% replayed on each recorded matrix and on
-  three draws of the fitted model (with and without the per-query noise);
+  three draws of the fitted model (with and without the per-query noise), and per layer on
+  GPL-3; the fit with ``gamma`` held at 0, and both fits against recordings of twice the
+  length (pydoc, GPL-3);
 - ``attention_fit.png``: per-distance mean attention, recorded vs model.
 
 These are the numbers of ``integrations/sim/ATTENTION_FIT.md``. Needs kvpolicy-evict's
-``quality`` extra; about two minutes on two CPU cores.
+``quality`` extra; about five minutes on two CPU cores.
 
     python benchmarks/fit_attention.py --out /tmp/attention-fit
 """
@@ -34,22 +36,70 @@ BUDGETS = (0.25, 0.5)
 SEEDS = (100, 101, 102)
 
 
-def record(tokens: int) -> dict[str, Any]:
-    """name -> (T, T) float64 attention of SmolLM2-135M, mean over layers and heads."""
-    from kvpolicy.evict.quality import LICENSES_DIR, default_text, load_smollm2, window_attention
+def texts() -> dict[str, str]:
+    from kvpolicy.evict.quality import LICENSES_DIR, default_text
 
-    lm = load_smollm2()
-    texts = {
+    return {
         "pydoc_data.topics": default_text(),
         "GPL-3": (LICENSES_DIR / "GPL-3").read_text(errors="replace"),
         "Apache-2.0": (LICENSES_DIR / "Apache-2.0").read_text(errors="replace"),
     }
-    out = {}
-    for name, text in texts.items():
-        _, attention = window_attention(lm, lm.encode(text, tokens))
-        mass = attention.mean(dim=(0, 1)).double().numpy()
-        out[name] = mass / mass.sum(axis=1, keepdims=True)
+
+
+def record(lm: Any, text: str, tokens: int) -> np.ndarray:
+    """(layers, T, T) float64 attention of ``lm`` on ``text``: head mean, rows renormalised."""
+    from kvpolicy.evict.quality import window_attention
+
+    _, attention = window_attention(lm, lm.encode(text, tokens))
+    mass = attention.mean(dim=1).double().numpy()
+    out: np.ndarray = mass / mass.sum(axis=2, keepdims=True)
     return out
+
+
+def averaged(layers: np.ndarray) -> np.ndarray:
+    """(T, T) mean over layers of a (layers, T, T) recording, rows renormalised."""
+    a = layers.mean(axis=0)
+    out: np.ndarray = a / a.sum(axis=1, keepdims=True)
+    return out
+
+
+def expected_row(model: AttentionModel, t: int) -> np.ndarray:
+    """(t + 1,) the model's attention of query t with every z = 1."""
+    w = model.weights(np.arange(t + 1, dtype=np.int64), t + 1, np.ones(t + 1))
+    out: np.ndarray = w / w.sum()
+    return out
+
+
+def beyond(recorded: list[np.ndarray], models: dict[str, AttentionModel]) -> dict[str, Any]:
+    """Sink share, 16-newest share and mean attention at a few distances of 2T-token
+    recordings against each model's expected weights (the table "Beyond the fitted length")."""
+    n = recorded[0].shape[0]
+    rows: dict[str, dict[str, float]] = {}
+
+    def add(name: str, real: float, model_value: Any) -> None:
+        fitted = {k: float(np.mean(model_value(m))) for k, m in models.items()}
+        rows[name] = {"recorded": real, **fitted}
+
+    for lo, hi in ((n // 8, n // 4), (n // 4, n // 2), (n // 2, 3 * n // 4), (3 * n // 4, n)):
+        qs = np.arange(lo, hi, 8)
+        add(
+            f"sink share, queries {lo}-{hi - 1}",
+            float(np.mean([a[lo:hi, 0].mean() for a in recorded])),
+            lambda m, qs=qs: [expected_row(m, int(t))[0] for t in qs],
+        )
+    qs = np.arange(3 * n // 4, n, 8)
+    add(
+        f"16 newest keys, queries {qs[0]}-{n - 1}",
+        float(np.mean([[a[t, t - 15 : t + 1].sum() for t in qs] for a in recorded])),
+        lambda m: [expected_row(m, int(t))[-16:].sum() for t in qs],
+    )
+    for d in (1, 16, 256, n // 2):
+        add(
+            f"distance {d}, queries {qs[0]}-{n - 1}",
+            float(np.mean([a[qs, qs - d].mean() for a in recorded])),
+            lambda m, d=d: [expected_row(m, int(t))[t - d] for t in qs],
+        )
+    return rows
 
 
 def recall_table(a: np.ndarray) -> dict[str, float]:
@@ -120,7 +170,18 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    recorded = record(args.tokens)
+    from kvpolicy.evict.quality import load_smollm2
+
+    lm = load_smollm2()
+    sources = texts()
+    per_layer_gpl3 = None
+    recorded = {}
+    for name, text in sources.items():
+        layers = record(lm, text, args.tokens)
+        recorded[name] = averaged(layers)
+        if name == "GPL-3":
+            per_layer_gpl3 = layers
+    assert per_layer_gpl3 is not None
     mats = list(recorded.values())
     model = fit_attention(np.stack(mats))
     per_text = {name: fit_attention(a).to_dict() for name, a in recorded.items()}
@@ -132,9 +193,7 @@ def main() -> None:
         "per_text_fit": per_text,
         "summary": {
             "recorded": mean_dicts([attention_summary(a) for a in mats]),
-            "synthetic": mean_dicts(
-                [attention_summary(a) for a in draws(model, args.tokens, True)]
-            ),
+            "synthetic": mean_dicts([attention_summary(a) for a in synthetic]),
         },
         "recall": {
             **{f"recorded:{name}": recall_table(a) for name, a in recorded.items()},
@@ -142,8 +201,16 @@ def main() -> None:
             "synthetic without query noise": mean_dicts(
                 [recall_table(a) for a in draws(without_noise, args.tokens, False)]
             ),
+            "recorded:GPL-3 per layer": mean_dicts([recall_table(a) for a in per_layer_gpl3]),
         },
     }
+    # The fit without the body's decay, and both against recordings twice as long.
+    no_decay = fit_attention(np.stack(mats), heavy_decay=0.0)
+    result["fit_without_decay"] = no_decay.to_dict()
+    longer = [
+        averaged(record(lm, sources[k], 2 * args.tokens)) for k in ("pydoc_data.topics", "GPL-3")
+    ]
+    result["beyond"] = beyond(longer, {"fit": model, "gamma = 0": no_decay})
     (args.out / "fit.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(args.out / "attention_fit.png", mats, model)
     print(json.dumps(result, indent=2))

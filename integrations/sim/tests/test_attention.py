@@ -205,6 +205,18 @@ class TestFit:
         )
         assert fit.recency_alpha == pytest.approx(0.9, abs=0.05)
 
+    def test_heavy_decay_held(self) -> None:
+        """With heavy_decay given, the fit keeps it and fits the rest around it."""
+        truth = AttentionModel(
+            sink_weight=100, recency_weight=20, heavy_decay=0.0, heavy_sigma=0.8, query_sigma=0.5
+        )
+        rng = np.random.default_rng(2)
+        a = truth.matrix(truth.token_scores(rng, 400), rng)
+        fit = fit_attention(a, max_distance=64, heavy_decay=0.0)
+        assert fit.heavy_decay == 0.0
+        assert fit.sink_weight == pytest.approx(100, rel=0.15)
+        assert fit.recency_weight == pytest.approx(20, rel=0.15)
+
     @pytest.mark.parametrize(
         ("attention", "message"),
         [
@@ -229,6 +241,8 @@ class TestFit:
             ({"max_distance": 4}, ValueError, "'max_distance' must be >= 8: 4"),
             ({"warmup": 2.5}, TypeError, "'warmup' must be an int: 2.5"),
             ({"seed": -3}, ValueError, "'seed' must be >= 0: -3"),
+            ({"heavy_decay": 2.5}, ValueError, r"'heavy_decay' must be in \[0, 2\]: 2.5"),
+            ({"heavy_decay": "0"}, TypeError, "'heavy_decay' must be a number or None: '0'"),
         ],
     )
     def test_bad_arguments(self, kwargs: dict[str, Any], error: type, message: str) -> None:

@@ -377,23 +377,35 @@ def _levenberg_marquardt(
     upper: NDArray[np.float64],
     iterations: int = 100,
 ) -> NDArray[np.float64]:
-    """Minimise ``|fun(theta)|^2`` in the box [lower, upper] (numeric Jacobian)."""
+    """Minimise ``|fun(theta)|^2`` in the box [lower, upper] (numeric Jacobian).
+
+    A parameter with ``lower == upper`` is held there. Each step moves only the parameters
+    not held at a bound by their gradient (a projected step), so one pinned parameter does
+    not stall the others.
+    """
     x = np.clip(theta, lower, upper)
     res = fun(x)
     cost = float(res @ res)
     damping = 1e-3
     for _ in range(iterations):
-        jac = np.empty((len(res), len(x)))
-        for i in range(len(x)):
+        jac = np.zeros((len(res), len(x)))
+        for i in np.flatnonzero(upper > lower):
             step = 1e-6 * max(1.0, abs(x[i]))
             up = x.copy()
             up[i] += step
             jac[:, i] = (fun(up) - res) / step
         grad = jac.T @ res
-        hess = jac.T @ jac
+        # Free: not fixed, and not at a bound that the descent direction -grad points past.
+        free = (upper > lower) & ~((x <= lower) & (grad > 0)) & ~((x >= upper) & (grad < 0))
+        if not free.any():
+            break
+        hess = jac[:, free].T @ jac[:, free]
         improved = False
         while damping < 1e10:
-            delta = np.linalg.solve(hess + damping * np.diag(np.diag(hess) + 1e-12), -grad)
+            delta = np.zeros_like(x)
+            delta[free] = np.linalg.solve(
+                hess + damping * np.diag(np.diag(hess) + 1e-12), -grad[free]
+            )
             trial = np.clip(x + delta, lower, upper)
             trial_res = fun(trial)
             trial_cost = float(trial_res @ trial_res)
@@ -506,6 +518,7 @@ def fit_attention(
     max_distance: int = 256,
     warmup: int = 64,
     seed: int = 0,
+    heavy_decay: float | None = None,
 ) -> AttentionModel:
     """Fit :class:`AttentionModel` to a recorded attention matrix.
 
@@ -528,6 +541,8 @@ def fit_attention(
         max_distance: largest query-key distance of the recency fit.
         warmup: first query row used (earlier rows have few keys).
         seed: seed of the draws that step 2 compares against.
+        heavy_decay: hold ``gamma`` at this value instead of fitting it (0 gives a
+            heavy-hitter weight that does not depend on the context).
 
     Raises:
         TypeError: an argument of the wrong type.
@@ -538,6 +553,11 @@ def fit_attention(
     max_distance = _check_int(max_distance, "max_distance", 8)
     warmup = _check_int(warmup, "warmup", 1)
     seed = _check_int(seed, "seed", 0)
+    if heavy_decay is not None:
+        if isinstance(heavy_decay, bool) or not isinstance(heavy_decay, int | float):
+            raise TypeError(f"'heavy_decay' must be a number or None: {heavy_decay!r}")
+        if not 0.0 <= heavy_decay <= 2.0:
+            raise ValueError(f"'heavy_decay' must be in [0, 2]: {heavy_decay!r}")
     if sinks >= warmup:
         raise ValueError(f"'sink_tokens' must be < warmup = {warmup}: {sinks}")
     raw = np.asarray(attention, dtype=np.float64)
@@ -560,10 +580,11 @@ def fit_attention(
     far = float(targets.by_dist[-1])
     r0 = max(float(targets.by_dist[1]) / far - 1.0, 1e-3)
     s0 = max(float(targets.sink_share.mean()) / far, 1e-3) if sinks else 1.0
-    lower = np.array([math.log(1e-6), math.log(1e-6), 0.0, 0.0])
-    upper = np.array([math.log(1e9), math.log(1e9), 4.0, 2.0])
+    gammas = (0.0, 0.5, 1.0) if heavy_decay is None else (float(heavy_decay),)
+    lower = np.array([math.log(1e-6), math.log(1e-6), 0.0, min(gammas)])
+    upper = np.array([math.log(1e9), math.log(1e9), 4.0, 2.0 if heavy_decay is None else gammas[0]])
     best: tuple[float, NDArray[np.float64]] | None = None
-    for alpha, gamma in itertools.product(np.linspace(0.1, 2.5, 9), (0.0, 0.5, 1.0)):
+    for alpha, gamma in itertools.product(np.linspace(0.1, 2.5, 9), gammas):
         theta = _levenberg_marquardt(
             targets.residuals,
             np.array(
