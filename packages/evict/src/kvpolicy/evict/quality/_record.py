@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 from kvpolicy.evict.predictors import compact_features
 from kvpolicy.evict.quality._model import CausalLM
 
-__all__ = ["ReturnRecord", "record_returns", "window_attention"]
+__all__ = ["ReturnRecord", "mean_attention", "record_returns", "window_attention"]
 
 
 @frozen
@@ -62,6 +62,36 @@ def window_attention(lm: CausalLM, input_ids: Any) -> tuple[Any, Any]:
         out = lm.model(input_ids=ids, use_cache=False, output_attentions=True)
     attention = torch.stack([a[0] for a in out.attentions])
     return out.logits[0].float(), attention.float()
+
+
+def mean_attention(lm: CausalLM, input_ids: Any, *, per_layer: bool = False) -> NDArray[np.float64]:
+    """Full-cache attention of one window, averaged over heads (and layers), as numpy.
+
+    What kvpolicy-sim's attention model is fitted to. Each layer is reduced to its head
+    mean as it comes out of the forward pass (no (layers, heads, n, n) stack, which at
+    2048 tokens of SmolLM2-135M would be another 4.5 GB), and every row is renormalised
+    to sum to exactly 1 (float32 softmax rows are off by up to ~1e-7).
+
+    Args:
+        lm: the model (eager attention).
+        input_ids: (n,) int64 torch tensor, n >= 1.
+        per_layer: keep the layers apart.
+
+    Returns:
+        (n, n) float64, or (layers, n, n) float64 with ``per_layer``: ``[..., q, k]`` is
+        the share of query ``q``'s attention on key ``k`` (zero for ``k > q``).
+    """
+    import torch
+
+    ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1)
+    if ids.shape[1] < 1:
+        raise ValueError("'input_ids' must hold at least one token: got 0")
+    with torch.no_grad():
+        out = lm.model(input_ids=ids, use_cache=False, output_attentions=True)
+    layers = np.stack([a[0].double().mean(dim=0).numpy() for a in out.attentions])
+    mass = layers if per_layer else layers.mean(axis=0)
+    result: NDArray[np.float64] = mass / mass.sum(axis=-1, keepdims=True)
+    return result
 
 
 def record_returns(lm: CausalLM, input_ids: Any, horizon: int = 128) -> ReturnRecord:
