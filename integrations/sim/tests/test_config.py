@@ -111,3 +111,54 @@ class TestBuildStack:
         """An unknown eviction name is refused."""
         with pytest.raises(ConfigError, match="unknown eviction policy 'magic'"):
             build_stack(stack_from_dict({"eviction": {"name": "magic"}}))
+
+
+class TestAttentionSection:
+    def test_default_is_the_fitted_model(self) -> None:
+        """No attention section: the engine's default model."""
+        assert stack_from_dict({}).attention.build() is None
+
+    def test_file_then_params(self, tmp_path: pathlib.Path) -> None:
+        """A fit file is read and inline params override it."""
+        from kvpolicy.sim import AttentionModel
+
+        f = tmp_path / "fit.json"
+        f.write_text(AttentionModel(sink_weight=10.0, recency_weight=2.0).to_json())
+        cfg = stack_from_dict({"attention": {"file": str(f), "params": {"recency_weight": 3.0}}})
+        model = cfg.attention.build()
+        assert isinstance(model, AttentionModel)
+        assert (model.sink_weight, model.recency_weight) == (10.0, 3.0)
+
+    def test_unknown_parameter_is_named(self) -> None:
+        """A parameter the model does not have is a ConfigError naming it."""
+        cfg = stack_from_dict({"attention": {"params": {"recency_tau": 11.2}}})
+        with pytest.raises(ConfigError, match="recency_tau"):
+            cfg.attention.build()
+
+    def test_missing_file(self, tmp_path: pathlib.Path) -> None:
+        """A missing fit file names the file."""
+        cfg = stack_from_dict({"attention": {"file": str(tmp_path / "nope.json")}})
+        with pytest.raises(ConfigError, match="nope.json"):
+            cfg.attention.build()
+
+    def test_the_stack_model_reaches_the_engine(self) -> None:
+        """Eviction sees the stack's attention model: no sinks and no recency change what
+        the policy keeps."""
+        from kvpolicy.kvmodel import Request, get_gpu, get_model
+        from kvpolicy.sim import simulate
+
+        reqs = [Request(f"r{i}", 3000, 400, 0.01 * i) for i in range(40)]
+        base = {
+            "eviction": {
+                "name": "h2o",
+                "params": {"recent_window": 64},
+                "budget_fraction": 0.1,
+                "interval": 16,
+            },
+            "engine": {"kv_capacity_tokens": 60000},
+        }
+        flat = {**base, "attention": {"params": {"sink_weight": 0.0, "recency_weight": 0.0}}}
+        m, g = get_model("Llama-3-8B"), get_gpu("H100-SXM")
+        a = simulate(reqs, m, g, stack_from_dict(base)).summary.attention_recall
+        b = simulate(reqs, m, g, stack_from_dict(flat)).summary.attention_recall
+        assert a != b

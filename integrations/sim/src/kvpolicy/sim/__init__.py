@@ -10,9 +10,15 @@ from the other kvpolicy packages through kvmodel's Protocols (:func:`build_stack
 from __future__ import annotations
 
 from kvpolicy.sim.__about__ import __version__
-from kvpolicy.sim._attention import AttentionModel, fit_attention
+from kvpolicy.sim._attention import (
+    AttentionModel,
+    attention_recall,
+    attention_summary,
+    fit_attention,
+)
 from kvpolicy.sim._config import (
     AdmissionConfig,
+    AttentionConfig,
     EngineConfig,
     EvictionConfig,
     GatewayConfig,
@@ -53,6 +59,7 @@ __all__ = [
     "PREEMPTION_NAMES",
     "STACK_PRESETS",
     "AdmissionConfig",
+    "AttentionConfig",
     "AttentionModel",
     "ConfigError",
     "Engine",
@@ -74,6 +81,8 @@ __all__ = [
     "TimingModel",
     "__version__",
     "apply_params",
+    "attention_recall",
+    "attention_summary",
     "available_parts",
     "build_stack",
     "check_config",

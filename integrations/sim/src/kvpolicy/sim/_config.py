@@ -10,6 +10,7 @@ A stack file is YAML with optional sections, each a component's own config::
     engine:    {block_size: 16, prefix_caching: true, max_batch: 256, token_budget: 2048}
     slo:       {ttft_s: 2.0, tpot_s: 0.1}
     timing:    {bandwidth_efficiency: 0.75, flops_efficiency: 0.55, overhead_s: 0.0005}
+    attention: {file: my-fit.json}     # or {params: {sink_weight: 24.9, ...}}
 
 An unknown key anywhere is a :class:`ConfigError` naming the key and the keys allowed.
 """
@@ -28,6 +29,7 @@ from kvpolicy.sim._errors import ConfigError
 
 __all__ = [
     "AdmissionConfig",
+    "AttentionConfig",
     "EngineConfig",
     "EvictionConfig",
     "GatewayConfig",
@@ -191,6 +193,41 @@ class TimingConfig:
 
 
 @frozen
+class AttentionConfig:
+    """The synthetic attention model token eviction observes: the default fit to
+    SmolLM2-135M, a fit of your own (``kvpolicy sim fit-attention --out FILE``), or
+    parameters given inline."""
+
+    file: str | None = field(default=None, validator=optional(instance_of(str)))
+    """A JSON file written by ``kvpolicy sim fit-attention --out`` (relative to the working
+    directory)."""
+    params: dict[str, Any] = field(factory=dict, converter=_params)
+    """Parameters of :class:`~kvpolicy.sim.AttentionModel` (over the file's, if both)."""
+
+    def build(self) -> Any:
+        """The :class:`~kvpolicy.sim.AttentionModel`, or ``None`` for the default.
+
+        Raises:
+            ConfigError: the file cannot be read or parsed, or a parameter is unknown or
+                out of range (named).
+        """
+        if self.file is None and not self.params:
+            return None
+        from kvpolicy.sim._attention import AttentionModel
+
+        data: dict[str, Any] = {}
+        try:
+            if self.file is not None:
+                data = AttentionModel.from_json(
+                    pathlib.Path(self.file).read_text(encoding="utf-8")
+                ).to_dict()
+            return AttentionModel.from_dict({**data, **self.params})
+        except (OSError, TypeError, ValueError) as exc:
+            where = f"attention file {self.file!r}" if self.file else "attention.params"
+            raise ConfigError(f"{where}: {exc}") from exc
+
+
+@frozen
 class SLOConfig:
     """Latency targets a request must meet to count as served within its SLO."""
 
@@ -226,6 +263,10 @@ class StackConfig:
     """Prefix tiers below HBM."""
     timing: TimingConfig = field(factory=TimingConfig, validator=instance_of(TimingConfig))
     """Calibration of the time model."""
+    attention: AttentionConfig = field(
+        factory=AttentionConfig, validator=instance_of(AttentionConfig)
+    )
+    """Synthetic attention model for token eviction."""
 
 
 _SECTIONS: dict[str, type] = {
@@ -237,6 +278,7 @@ _SECTIONS: dict[str, type] = {
     "gateway": GatewayConfig,
     "tiers": TiersConfig,
     "timing": TimingConfig,
+    "attention": AttentionConfig,
 }
 
 

@@ -679,16 +679,24 @@ class _Run:
         if upto <= s.inserted:
             return
         pos = np.arange(s.inserted, upto, dtype=np.int64)
-        # Signal: the attention each token would draw now if it were the whole body, a
-        # predicted return from the synthetic model (the role of seed 000's predictor).
-        z = s.z
-        signals = (self.e._attention.heavy_weight * z[pos] / max(upto, 1))[:, None]
-        ev.insert(s.rid, pos, signals)
+        ev.insert(s.rid, pos, self._signals(s.z, pos, upto))
         s.positions = np.concatenate((s.positions, pos)) if len(s.positions) else pos
         self.resident_total += len(pos)
         if from_pending:
             self.pending -= len(pos)
         s.inserted = upto
+
+    def _signals(
+        self, z: NDArray[np.float64], pos: NDArray[np.int64], length: int
+    ) -> NDArray[np.float64]:
+        """(n, 1) predicted return of each token (the role of seed 000's predictor): the
+        heavy-hitter attention the synthetic model expects it to draw from a query at
+        ``length``, without the recency and sink terms that fade or do not apply."""
+        am = self.e._attention
+        n = max(length, 1)
+        norm = am.normaliser(n, float(z[:n].sum()))
+        out: NDArray[np.float64] = (am.body_weight(n) * z[pos] / norm)[:, None]
+        return out
 
     def _reinsert(self, s: _Seq) -> None:
         ev = self.e._eviction
@@ -696,8 +704,7 @@ class _Run:
         assert s.z is not None
         pos = s.positions
         if len(pos):
-            signals = (self.e._attention.heavy_weight * s.z[pos] / max(s.inserted, 1))[:, None]
-            ev.insert(s.rid, pos, signals)
+            ev.insert(s.rid, pos, self._signals(s.z, pos, s.inserted))
         self.resident_total += len(pos)
 
     def eviction_round(self, growth: int) -> None:

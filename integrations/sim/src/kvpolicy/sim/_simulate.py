@@ -66,7 +66,7 @@ def _engine(
         eviction_config=cfg.eviction,
         preemption=built.preemption,
         preemption_config=cfg.preemption,
-        attention=attention,
+        attention=attention if attention is not None else cfg.attention.build(),
         seed=seed,
         gate=gate,
         gateway_config=cfg.gateway,

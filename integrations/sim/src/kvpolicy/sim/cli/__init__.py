@@ -26,5 +26,9 @@ for _name in _GROUPS:
     _module = importlib.import_module(f"kvpolicy.sim.cli._{_name}")
     main.add_command(_module.group, name=_name)
 
+_sim = importlib.import_module("kvpolicy.sim.cli._sim")
+_fit = importlib.import_module("kvpolicy.sim.cli._fit")
+_sim.group.add_command(_fit.fit_attention_cmd, name="fit-attention")
+
 _demo = importlib.import_module("kvpolicy.sim.cli._demo")
 main.add_command(_demo.demo, name="demo")

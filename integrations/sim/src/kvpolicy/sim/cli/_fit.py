@@ -33,8 +33,8 @@ def _record(text: pathlib.Path | None, tokens: int) -> tuple[Any, str]:
     from kvpolicy.evict.quality import (
         default_text,
         load_smollm2,
+        mean_attention,
         require_quality_deps,
-        window_attention,
     )
 
     try:
@@ -52,10 +52,8 @@ def _record(text: pathlib.Path | None, tokens: int) -> tuple[Any, str]:
     except ValueError as exc:
         raise click.ClickException(f"{source}: {exc}") from exc
     with Console(stderr=True).status(f"recording attention over {tokens} tokens"):
-        _, attention = window_attention(lm, ids)
-        mass = attention.mean(dim=(0, 1)).double().numpy()
-    # float32 softmax rows sum to 1 within ~1e-7; renormalise so the fit sees exact rows.
-    return mass / mass.sum(axis=1, keepdims=True), source
+        mass = mean_attention(lm, ids)  # rows renormalised to sum to exactly 1
+    return mass, source
 
 
 @click.command("fit-attention")

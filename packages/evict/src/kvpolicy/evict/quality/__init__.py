@@ -40,7 +40,12 @@ from kvpolicy.evict.quality._model import (
     load_smollm2,
     require_quality_deps,
 )
-from kvpolicy.evict.quality._record import ReturnRecord, record_returns, window_attention
+from kvpolicy.evict.quality._record import (
+    ReturnRecord,
+    mean_attention,
+    record_returns,
+    window_attention,
+)
 from kvpolicy.evict.quality._stats import attention_statistics
 from kvpolicy.evict.quality._texts import (
     LICENSES_DIR,
@@ -81,6 +86,7 @@ __all__ = [
     "gpl3_path",
     "load_or_train_mlp",
     "load_smollm2",
+    "mean_attention",
     "mlp_checkpoint_path",
     "policy_factory",
     "record_returns",
