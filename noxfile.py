@@ -167,5 +167,5 @@ def traces(session: nox.Session) -> None:
     """Checks against the public traces in ../shared/traces, slow ones included (``-m traces``)."""
     _install(session, "sim")
     session.install(*TEST_DEPS)
-    dirs = [str(DIST_DIRS[n] / "tests") for n in ("admit", "evict", "sim")]
+    dirs = [str(DIST_DIRS[n] / "tests") for n in ("admit", "evict", "tiers", "tenancy", "sim")]
     session.run("pytest", *dirs, "-m", "traces and not gpu and not quality", *session.posargs)
