@@ -138,7 +138,7 @@ class TestAttentionSection:
     def test_missing_file(self, tmp_path: pathlib.Path) -> None:
         """A missing fit file names the file."""
         cfg = stack_from_dict({"attention": {"file": str(tmp_path / "nope.json")}})
-        with pytest.raises(ConfigError, match="nope.json"):
+        with pytest.raises(ConfigError, match=r"nope\.json"):
             cfg.attention.build()
 
     def test_the_stack_model_reaches_the_engine(self) -> None:

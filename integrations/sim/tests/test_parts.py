@@ -24,7 +24,7 @@ from kvpolicy.sim import (
 from kvpolicy.sim._engine import Engine, pool_capacity_tokens
 from kvpolicy.sim._parts import build_gateway, build_tiers, server_capacity
 from kvpolicy.tenancy import TokenPoolGate
-from kvpolicy.tiers import TieredPrefixStore
+from kvpolicy.tiers import GroupTTL, TieredPrefixStore
 
 _TWO_TENANTS = {
     "gold": {"service_class": "guaranteed", "share": 0.5, "slo_target_s": 1.0},
@@ -231,6 +231,61 @@ class TestTiers:
         assert len(store) > 0
         assert rec.tier_hit_tokens > 0
         assert math.isclose(rec.tier_load_s, stats.fetch_seconds, rel_tol=1e-9)
+
+    def test_a_slow_disk_is_not_worth_loading(self, tm: TimingModel) -> None:
+        """Blocks found only on a 350 MB/s disk load slower than an H100 recomputes them,
+        so the engine recomputes: the store finds them, the engine does not use them."""
+        cfg = self._cfg({"name": "tiered", "params": {"dram_gib": 0, "disk_gib": 4}})
+        store = build_tiers(cfg.tiers, tm, 16)
+        assert isinstance(store, TieredPrefixStore)
+        rec = Engine(tm, cfg.engine, prefix_store=store).run(_prefix_requests(6, 4, 0.05))
+        assert store.stats().tiers[0].hits > 0
+        assert rec.tier_hit_tokens == 0
+        assert rec.tier_load_s == 0.0
+
+    def test_group_ttl_is_fitted_and_taught_every_prompt(self, tm: TimingModel) -> None:
+        """``group_ttl`` fits Algorithm 2 on the workload's chains; the engine shows the store
+        each prompt, so the blocks of the fitted groups are labelled with their group."""
+        reqs = _prefix_requests(6, 4, 0.05)
+        params = {"dram_gib": 4, "group_ttl": {"budget_block_s": 1e4, "top_k": 3}}
+        cfg = self._cfg({"name": "tiered", "params": params})
+        store = build_tiers(cfg.tiers, tm, 16, reqs)
+        assert isinstance(store, TieredPrefixStore)
+        Engine(tm, cfg.engine, prefix_store=store).run(reqs)
+        policy = store.ttl
+        assert isinstance(policy, GroupTTL)
+        labelled = [policy.group_of(h) for r in reqs for h in r.prefix_hashes]
+        assert any(g is not None for g in labelled)
+        res = simulate(reqs, tm.model, tm.gpu, cfg, timing=tm)
+        assert res.summary.completed == len(reqs)
+
+    @pytest.mark.parametrize(
+        ("group", "match"),
+        [
+            ({"top_k": 3}, "needs budget_block_s"),
+            ({"budget_block_s": 1e4, "fit_fraction": 0}, r"fit_fraction must be in \(0, 1\]"),
+            ({"budget_block_s": 1e4, "rounds": 2}, r"unknown key tiers\.params\.group_ttl\.rounds"),
+        ],
+    )
+    def test_bad_group_ttl(self, tm: TimingModel, group: dict[str, object], match: str) -> None:
+        """A bad group_ttl section is a ConfigError naming the problem."""
+        cfg = self._cfg({"name": "tiered", "params": {"dram_gib": 4, "group_ttl": group}})
+        with pytest.raises(ConfigError, match=match):
+            simulate(_prefix_requests(2, 2, 0.1), tm.model, tm.gpu, cfg, timing=tm)
+
+    def test_group_ttl_needs_prefix_hashes(self, tm: TimingModel, kit: SimpleNamespace) -> None:
+        """A workload without prefix hashes cannot fit group TTLs."""
+        params = {"dram_gib": 4, "group_ttl": {"budget_block_s": 1e4}}
+        cfg = self._cfg({"name": "tiered", "params": params})
+        with pytest.raises(ConfigError, match="prefix hashes"):
+            simulate([kit.request(0)], tm.model, tm.gpu, cfg, timing=tm)
+
+    def test_group_ttl_or_ttl_s(self, tm: TimingModel) -> None:
+        """A fixed TTL and group TTLs exclude each other."""
+        params = {"dram_gib": 4, "ttl_s": 5, "group_ttl": {"budget_block_s": 1e4}}
+        cfg = self._cfg({"name": "tiered", "params": params})
+        with pytest.raises(ConfigError, match="not both"):
+            simulate(_prefix_requests(2, 2, 0.1), tm.model, tm.gpu, cfg, timing=tm)
 
     @pytest.mark.parametrize(
         ("params", "match"),

@@ -6,7 +6,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from kvpolicy.kvmodel import GateDecision, PrefixStore, Request, RequestGate, TierFetch
+from kvpolicy.kvmodel import (
+    GateDecision,
+    PrefixStore,
+    PromptObserver,
+    Request,
+    RequestGate,
+    TierFetch,
+)
 
 
 class TestGateDecision:
@@ -79,6 +86,7 @@ class TestProtocols:
         assert isinstance(gate, RequestGate)
         assert isinstance(store, PrefixStore)
         assert not isinstance(store, RequestGate)
+        assert not isinstance(store, PromptObserver)  # optional: this store does not learn
         r = Request("r", 4, 4)
         assert gate.check(r, 0.0).admitted
         assert gate.check(Request("s", 4, 4), 0.0).reason == "concurrency"

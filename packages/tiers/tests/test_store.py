@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.kvmodel import PrefixStore, TierFetch
+from kvpolicy.kvmodel import PrefixStore, PromptObserver, TierFetch
 from kvpolicy.tiers import FixedTTL, GroupTTL, TieredPrefixStore, TierSpec, group_cost, group_hits
 
 MakeStore = Callable[..., TieredPrefixStore]
@@ -160,6 +160,24 @@ class TestTTL:
             store.offload(chain, time=0.0)
         assert store.fetch([1, 11, 12], time=50.0).blocks == 3
         assert store.fetch([2, 21, 22], time=50.0).blocks == 0
+
+    def test_observe_prompt_teaches_the_group_policy(self, make_tier: MakeTier) -> None:
+        """``observe_prompt`` is the store's way to :meth:`GroupTTL.assign` (kvmodel's
+        PromptObserver); a fixed-TTL store accepts it and changes nothing."""
+        policy = GroupTTL({1: 100.0}, residual=5.0)
+        store = TieredPrefixStore((make_tier("disk", 10),), block_bytes=10, ttl=policy)
+        assert isinstance(store, PromptObserver)
+        store.observe_prompt([1, 11, 12], time=0.0)
+        store.offload([1, 11, 12], time=0.0)
+        assert policy.group_of(12) == 1
+        assert store.fetch([1, 11, 12], time=50.0).blocks == 3
+        plain = TieredPrefixStore((make_tier("disk", 10),), block_bytes=10)
+        plain.observe_prompt([1, 2], time=0.0)
+        assert len(plain) == 0
+        with pytest.raises(TypeError, match="block_hashes"):
+            store.observe_prompt(["x"], time=1.0)  # type: ignore[list-item]
+        with pytest.raises(ValueError, match="backwards"):
+            store.observe_prompt([1], time=20.0)  # the last call was at 50
 
 
 class TestMisuse:

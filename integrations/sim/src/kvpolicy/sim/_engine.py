@@ -19,7 +19,7 @@ One iteration, in order::
         token received and evicts down to its budget; evicted tokens leave the pool
     cached prompt blocks the pool reuses for other content are offered to the prefix store
         (DRAM/disk tiers), if one is given; a new prompt's blocks that HBM misses are looked
-        up there and loaded at the tier's speed instead of recomputed
+        up there and loaded at the tier's speed when that beats recomputing them
 
 When only decoding requests run and the waiting queue is empty, nothing but KV growth
 changes between iterations, so the engine advances ``k`` iterations at once, with ``k`` the
@@ -52,6 +52,7 @@ from kvpolicy.kvmodel import (
     EvictionPolicy,
     PreemptionPolicy,
     PrefixStore,
+    PromptObserver,
     Request,
     RequestGate,
     SchedulerState,
@@ -405,6 +406,10 @@ class _Run:
         self.next_arrival = 0
         self.gate = eng._gate
         self.store = eng._store
+        store: object = eng._store
+        self.prompt_observer: PromptObserver | None = (
+            store if isinstance(store, PromptObserver) else None
+        )
         self.retries: list[tuple[float, int]] = []  # (time, request index): clients' retries
         self.denials = np.zeros(n, dtype=np.int64)
         self.gave_up = np.zeros(n, dtype=np.bool_)
@@ -522,6 +527,13 @@ class _Run:
     # -------------------------------------------------------------------- admission
     def _allocate(self, s: _Seq) -> bool:
         req = s.req
+        if (
+            self.prompt_observer is not None
+            and req.prefix_hashes
+            and math.isnan(self.first_admitted[s.idx])
+        ):
+            # A store that places blocks by prefix group learns the chain first.
+            self.prompt_observer.observe_prompt(req.prefix_hashes, self.now)
         alloc = self.pool.allocate(s.rid, s.target, req.prefix_hashes)
         if alloc is None:
             return False
@@ -538,7 +550,11 @@ class _Run:
                 # registered them as cached (they are being written now).
                 got = self.store.fetch(req.prefix_hashes[hbm:full], self.now)
                 loaded = min((hbm + got.blocks) * self.bs, s.target - 1) - s.computed
-                if loaded > 0:
+                start = s.computed
+                pairs = loaded * start + loaded * (loaded + 1) // 2
+                # Load only when the transfer beats recomputing the same tokens (a slow
+                # disk can lose to a fast GPU); otherwise they are recomputed as usual.
+                if loaded > 0 and got.seconds < self.tm.compute_time(loaded, pairs):
                     s.computed += loaded
                     self.tier_hit += loaded
                     self.tier_load += got.seconds

@@ -26,17 +26,27 @@ stack file's ``params`` into their constructors.
 and optionally the gate's settings (``window_s``, ``update_interval_s``, ``min_retry_s``,
 ``max_retry_s``). ``tiers: {name: tiered, params: {dram_gib: 64, disk_gib: 512, ttl_s: ...}}``
 puts DRAM (and disk, when ``disk_gib`` > 0) below HBM; ``ttl_s`` is one TTL for every tier
-or a mapping of tier name to seconds (default: no expiry, LRU only).
+or a mapping of tier name to seconds (default: no expiry, LRU only). ``group_ttl`` instead
+gives the slowest tier (disk; DRAM when it is the only one) seed 003's ROI-aware per-group
+TTLs (Algorithm 2)::
+
+    tiers: {name: tiered, params: {dram_gib: 16, disk_gib: 256,
+            group_ttl: {budget_block_s: 2.0e6, top_k: 8, depth: 2, fit_fraction: 0.5}}}
+
+The groups and their TTLs are fitted on the first ``fit_fraction`` of the workload's
+requests that carry prefix hashes (a trace of arrival times and block chains), within a
+storage budget of ``budget_block_s`` block-seconds in that tier; the simulator shows the store
+every prompt's chain as it arrives, so each block gets its group's TTL.
 """
 
 from __future__ import annotations
 
 import importlib
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpolicy.kvmodel import PrefixStore, RequestGate
+from kvpolicy.kvmodel import PrefixStore, Request, RequestGate
 from kvpolicy.sim._config import EngineConfig, GatewayConfig, TiersConfig
 from kvpolicy.sim._errors import ConfigError
 from kvpolicy.sim._timing import TimingModel
@@ -209,8 +219,38 @@ def build_gateway(
     return gate
 
 
-def build_tiers(config: TiersConfig, timing: TimingModel, block_size: int) -> PrefixStore | None:
+_GROUP_KEYS = ("budget_block_s", "top_k", "depth", "fit_fraction")
+
+
+def _group_policy(tiers: Any, raw: object, requests: Sequence[Request], tier: str) -> Any:
+    """Algorithm 2's per-group TTLs of ``tier``, fitted on the head of ``requests``."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"tiers.params.group_ttl must be a mapping: {raw!r}")
+    _check_keys("tiers.params.group_ttl", raw, _GROUP_KEYS)
+    if "budget_block_s" not in raw:
+        raise ConfigError("tiers.params.group_ttl needs budget_block_s (disk block-seconds)")
+    fraction = raw.get("fit_fraction", 0.5)
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        raise ConfigError(f"tiers.params.group_ttl.fit_fraction must be in (0, 1]: {fraction!r}")
+    chains = [(r.arrival_time, list(r.prefix_hashes)) for r in requests if r.prefix_hashes]
+    if not chains:
+        raise ConfigError("tiers.params.group_ttl needs requests with prefix hashes to fit on")
+    trace = chains[: max(1, int(len(chains) * fraction))]
+    depth = raw.get("depth", 1)
+    groups = tiers.prefix_groups(trace, raw.get("top_k", 8), depth)
+    plan = tiers.allocate_group_ttls(groups, raw["budget_block_s"])
+    return plan.policy(tier=tier, depth=depth)
+
+
+def build_tiers(
+    config: TiersConfig,
+    timing: TimingModel,
+    block_size: int,
+    requests: Sequence[Request] = (),
+) -> PrefixStore | None:
     """The prefix store ``config`` names, for KV blocks of ``block_size`` tokens.
+
+    ``requests`` (the workload) are needed only to fit ``group_ttl``.
 
     Raises:
         ConfigError: an unknown name or key (named), a bad size or TTL, or kvpolicy-tiers
@@ -222,7 +262,7 @@ def build_tiers(config: TiersConfig, timing: TimingModel, block_size: int) -> Pr
         raise ConfigError(f"unknown tiers {config.name!r}; known: {', '.join(TIERS_NAMES)}")
     tiers = _import("kvpolicy.tiers", f"tiers {config.name!r}")
     params = dict(config.params)
-    _check_keys("tiers.params", params, ("dram_gib", "disk_gib", "ttl_s"))
+    _check_keys("tiers.params", params, ("dram_gib", "disk_gib", "ttl_s", "group_ttl"))
     try:
         sizes = {"dram": params.get("dram_gib", 64), "disk": params.get("disk_gib", 0)}
         specs = []
@@ -235,7 +275,13 @@ def build_tiers(config: TiersConfig, timing: TimingModel, block_size: int) -> Pr
             raise ConfigError("tiers 'tiered' needs dram_gib or disk_gib > 0")
         ttl = params.get("ttl_s")
         policy = None
-        if isinstance(ttl, Mapping):
+        if "group_ttl" in params:
+            if ttl is not None:
+                raise ConfigError("tiers.params: give ttl_s or group_ttl, not both")
+            # The group TTLs govern the slowest tier (disk, as in seed 003 §5.3.2; DRAM
+            # when it is the only one); the faster tier above it keeps LRU without expiry.
+            policy = _group_policy(tiers, params["group_ttl"], requests, specs[-1].name)
+        elif isinstance(ttl, Mapping):
             policy = tiers.FixedTTL({str(k): float(v) for k, v in ttl.items()})
         elif ttl is not None:
             if isinstance(ttl, bool) or not isinstance(ttl, int | float):

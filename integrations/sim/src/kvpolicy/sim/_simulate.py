@@ -57,7 +57,7 @@ def _engine(
         capacity = pool_capacity_tokens(tm, cfg.engine)
         gate = build_gateway(cfg.gateway, tm, cfg.engine, capacity, lengths)
     if store is None:
-        store = build_tiers(cfg.tiers, tm, cfg.engine.block_size)
+        store = build_tiers(cfg.tiers, tm, cfg.engine.block_size, requests)
     return Engine(
         tm,
         cfg.engine,

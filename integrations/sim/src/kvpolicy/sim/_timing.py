@@ -108,6 +108,12 @@ class TimingModel:
         out: NDArray[np.float64] = self.overhead_s + np.maximum(t_mem, t_flops)
         return out
 
+    def compute_time(self, num_tokens: int | float, attn_pairs: int | float) -> float:
+        """Seconds of compute that ``num_tokens`` tokens (scoring ``attn_pairs`` query-key
+        pairs) add to an iteration: their FLOPs at the sustained rate, no weights read."""
+        flops = 2.0 * self.model.num_params * num_tokens + self._attn_flops_per_pair * attn_pairs
+        return flops / (self.flops_efficiency * self.gpu.peak_flops)
+
     def transfer_time(self, num_tokens: int, bandwidth: float) -> float:
         """Seconds to move the KV of ``num_tokens`` tokens over a link of ``bandwidth`` B/s."""
         return num_tokens * self.kv_bytes_per_token / bandwidth

@@ -24,6 +24,7 @@ from kvpolicy.kvmodel._protocols import (
     EvictionPolicy,
     PreemptionPolicy,
     PrefixStore,
+    PromptObserver,
     RequestGate,
 )
 from kvpolicy.kvmodel._specs import KV_DTYPE_BYTES, GPUSpec, ModelSpec, kv_dtype_bytes
@@ -62,6 +63,7 @@ __all__ = [
     "PoolStats",
     "PreemptionPolicy",
     "PrefixStore",
+    "PromptObserver",
     "Request",
     "RequestGate",
     "SchedulerState",

@@ -24,6 +24,7 @@ __all__ = [
     "EvictionPolicy",
     "PreemptionPolicy",
     "PrefixStore",
+    "PromptObserver",
     "RequestGate",
 ]
 
@@ -153,4 +154,18 @@ class PrefixStore(Protocol):
         The caller asks only for the blocks HBM misses; the blocks found are promoted (the
         store may keep its copies) and their transfer time is returned.
         """
+        ...
+
+
+@runtime_checkable
+class PromptObserver(Protocol):
+    """Optional for a :class:`PrefixStore`: learns each prompt's whole block chain.
+
+    A store whose placement depends on which prefix a block belongs to (seed 003's
+    per-group TTLs) cannot tell from a block's hash alone; the caller shows it every
+    prompt's chain, first block first, before any of its blocks is offloaded.
+    """
+
+    def observe_prompt(self, block_hashes: Sequence[int], time: float) -> None:
+        """Record that a prompt with these chained block hashes arrived at ``time``."""
         ...

@@ -241,6 +241,11 @@ class TieredPrefixStore:
         return self._tiers
 
     @property
+    def ttl(self) -> TTLPolicy:
+        """The TTL policy the store was built with."""
+        return self._ttl
+
+    @property
     def block_bytes(self) -> int:
         """Bytes of one block."""
         return self._block_bytes
@@ -267,6 +272,23 @@ class TieredPrefixStore:
         now = self._advance(time)
         self._offloaded += len(block_hashes)
         self._promote(reversed(block_hashes), now)
+
+    def observe_prompt(self, block_hashes: Sequence[int], time: float) -> None:
+        """Show the TTL policy a prompt's whole chain (kvmodel's ``PromptObserver``).
+
+        A :class:`GroupTTL` learns from it which prefix group each block belongs to
+        (:meth:`GroupTTL.assign`); other policies ignore it. Call it when a request arrives,
+        before its blocks are offloaded.
+
+        Raises:
+            TypeError: a hash is not an int, or ``time`` is not a number.
+            ValueError: ``time`` is negative, not finite, or earlier than the last call.
+        """
+        _check_hashes(block_hashes)
+        self._advance(time)
+        assign = getattr(self._ttl, "assign", None)
+        if assign is not None:
+            assign(block_hashes)
 
     def fetch(self, block_hashes: Sequence[int], time: float) -> TierFetch:
         """The leading run of ``block_hashes`` held here, promoted and timed.
