@@ -15,7 +15,6 @@ Run: ``nox -s bench -- benchmarks/bench_timing_fit.py`` (add ``--quick`` for a s
 from __future__ import annotations
 
 import csv
-import math
 import statistics
 import time
 from typing import Any
@@ -25,7 +24,7 @@ import numpy as np
 from _harness import parse_args, write_result
 
 from kvpolicy.kvmodel import GPUSpec, get_model
-from kvpolicy.sim import TimingModel, fit_timing
+from kvpolicy.sim import TimingModel, fit_error, fit_timing
 
 
 def _timed(fn: Any, repeats: int) -> float:
@@ -140,16 +139,9 @@ def main() -> None:
     arr = np.asarray(rows, dtype=np.float64)
     train, test = arr[0::2], arr[1::2]
     fit = fit_timing(spec, device, train)
-    default = TimingModel(spec, device)
 
-    def errors(tm: TimingModel, data: np.ndarray) -> np.ndarray:
-        pred = np.array([tm.iteration_time(t, kv, kv) for _, t, _, kv in data])
-        return np.abs(pred - data[:, 2]) / data[:, 2]
-
-    def r2(tm: TimingModel, data: np.ndarray) -> float:
-        pred = np.array([tm.iteration_time(t, kv, kv) for _, t, _, kv in data])
-        ss = float(((data[:, 2] - data[:, 2].mean()) ** 2).sum())
-        return 1.0 - float(((pred - data[:, 2]) ** 2).sum()) / ss if ss > 0 else math.nan
+    held_out = fit_error(fit, test)
+    defaults = fit_error(TimingModel(spec, device), test)
 
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / "timing_measurements.csv"
@@ -166,13 +158,12 @@ def main() -> None:
             "flops_efficiency": fit.flops_efficiency,
             "overhead_s": fit.overhead_s,
         },
-        "held_out_median_rel_error": float(np.median(errors(fit, test))),
-        "held_out_max_rel_error": float(np.max(errors(fit, test))),
-        "held_out_r2": r2(fit, test),
-        "default_constants_median_rel_error": float(np.median(errors(default, test))),
-        "error_ratio_default_over_fitted": float(
-            np.median(errors(default, test)) / max(np.median(errors(fit, test)), 1e-12)
-        ),
+        "held_out_median_rel_error": held_out["median_rel_error"],
+        "held_out_max_rel_error": held_out["max_rel_error"],
+        "held_out_r2": held_out["r2"],
+        "default_constants_median_rel_error": defaults["median_rel_error"],
+        "error_ratio_default_over_fitted": defaults["median_rel_error"]
+        / max(held_out["median_rel_error"], 1e-12),
     }
     write_result("timing_fit", figures, args.out)
 

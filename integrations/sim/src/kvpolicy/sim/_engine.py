@@ -170,6 +170,7 @@ class _Seq:
         "rid",
         "target",
         "z",
+        "z_cum",
     )
 
     def __init__(self, idx: int, req: Request) -> None:
@@ -186,6 +187,9 @@ class _Seq:
         self.observed_at = 0  # iteration of the last attention observation
         self.positions: NDArray[np.int64] = np.empty(0, dtype=np.int64)  # resident positions
         self.z: NDArray[np.float64] | None = None
+        # z_cum[k] = sum(z[:k]): the heavy-hitter mass of the first k positions, for the
+        # attention model's normaliser in O(1).
+        self.z_cum: NDArray[np.float64] = np.zeros(1)
 
     @property
     def decoding(self) -> bool:
@@ -576,6 +580,7 @@ class _Run:
             self.first_admitted[s.idx] = self.now
         if self.evicting and s.z is None:
             s.z = self.e._attention.token_scores(self.rng, s.req.total_len)
+            s.z_cum = np.concatenate(([0.0], np.cumsum(s.z)))
         self.running.append(s)
         if self.evicting and s.computed:
             self._insert(s, s.computed, from_pending=False)
@@ -695,23 +700,22 @@ class _Run:
         if upto <= s.inserted:
             return
         pos = np.arange(s.inserted, upto, dtype=np.int64)
-        ev.insert(s.rid, pos, self._signals(s.z, pos, upto))
+        ev.insert(s.rid, pos, self._signals(s, pos, upto))
         s.positions = np.concatenate((s.positions, pos)) if len(s.positions) else pos
         self.resident_total += len(pos)
         if from_pending:
             self.pending -= len(pos)
         s.inserted = upto
 
-    def _signals(
-        self, z: NDArray[np.float64], pos: NDArray[np.int64], length: int
-    ) -> NDArray[np.float64]:
+    def _signals(self, s: _Seq, pos: NDArray[np.int64], length: int) -> NDArray[np.float64]:
         """(n, 1) predicted return of each token (the role of seed 000's predictor): the
         heavy-hitter attention the synthetic model expects it to draw from a query at
         ``length``, without the recency and sink terms that fade or do not apply."""
+        assert s.z is not None
         am = self.e._attention
         n = max(length, 1)
-        norm = am.normaliser(n, float(z[:n].sum()))
-        out: NDArray[np.float64] = (am.body_weight(n) * z[pos] / norm)[:, None]
+        norm = am.normaliser(n, float(s.z_cum[n]))
+        out: NDArray[np.float64] = (am.body_weight(n) * s.z[pos] / norm)[:, None]
         return out
 
     def _reinsert(self, s: _Seq) -> None:
@@ -720,7 +724,7 @@ class _Run:
         assert s.z is not None
         pos = s.positions
         if len(pos):
-            ev.insert(s.rid, pos, self._signals(s.z, pos, s.inserted))
+            ev.insert(s.rid, pos, self._signals(s, pos, s.inserted))
         self.resident_total += len(pos)
 
     def eviction_round(self, growth: int) -> None:
@@ -738,7 +742,7 @@ class _Run:
             assert s.z is not None
             length = s.inserted
             w = am.weights(s.positions, length, s.z)
-            norm = am.normaliser(length, float(s.z[:length].sum()))
+            norm = am.normaliser(length, float(s.z_cum[length]))
             kept = float(w.sum()) / norm
             self.recall_sum += kept * steps
             self.recall_n += steps

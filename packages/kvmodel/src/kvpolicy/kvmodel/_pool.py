@@ -486,7 +486,9 @@ class BlockPool:
         self._ref[block] += 1
 
     def _pop_many(self, n: int) -> list[int]:
-        """:meth:`_pop_free` ``n`` times (the allocation hot path, with locals bound)."""
+        """Take ``n`` blocks from the head of the free list (least recently freed first),
+        dropping their cached hashes (recorded for offload when asked), empty and owned
+        once. Locals are bound once: this is the allocation hot path."""
         popitem = self._free.popitem
         block_hash, cached, dropped = self._block_hash, self._cached, self._dropped
         fill, content, ref = self._fill, self._content, self._ref
@@ -506,24 +508,17 @@ class BlockPool:
         return out
 
     def _pop_free(self) -> int:
-        block, _ = self._free.popitem(last=False)
-        self._unregister(block, reused=True)
-        self._fill[block] = 0
-        self._content[block] = None
-        self._ref[block] = 1
-        return block
+        return self._pop_many(1)[0]
 
     def _register(self, block: int, block_hash: int) -> None:
         if block_hash not in self._cached:
             self._cached[block_hash] = block
             self._block_hash[block] = block_hash
 
-    def _unregister(self, block: int, *, reused: bool = False) -> None:
+    def _unregister(self, block: int) -> None:
         h = self._block_hash.pop(block, None)
         if h is not None:
             del self._cached[h]
-            if reused and self._dropped is not None:
-                self._dropped.append(h)
 
     def iter_owned(self) -> Iterable[tuple[str, tuple[int, ...]]]:
         """``(request_id, block table)`` for every request (for checks and reports)."""
