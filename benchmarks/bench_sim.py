@@ -22,7 +22,7 @@ from typing import Any
 from _harness import parse_args, write_result
 
 from kvpolicy.kvmodel import get_gpu, get_model
-from kvpolicy.sim import STACK_PRESETS, available_parts, simulate
+from kvpolicy.sim import STACK_PRESETS, simulate
 from kvpolicy.sim.workloads import get_workload, load_trace
 
 TRACE = (
@@ -46,14 +46,13 @@ def _time(requests: Any, stack: Any) -> tuple[float, float, Any]:
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
-    full, notes = available_parts(STACK_PRESETS["kvpolicy"])
+    full = STACK_PRESETS["kvpolicy"]
     figures: dict[str, Any] = {
         "stack": {
             "admission": full.admission.name,
             "eviction": full.eviction.name,
             "preemption": full.preemption.name,
         },
-        "stack_notes": notes,
     }
     if TRACE.is_file():
         trace = load_trace(TRACE)

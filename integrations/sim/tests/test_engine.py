@@ -18,6 +18,7 @@ from kvpolicy.sim import (
     EvictionConfig,
     PreemptionConfig,
     SimError,
+    Stack,
     TimingModel,
 )
 
@@ -97,7 +98,7 @@ class TestAdmission:
             def admit(self, state: SchedulerState, waiting: object) -> int:
                 return 1
 
-        rec = Engine(tm, EngineConfig(), admission=OnePerStep()).run(
+        rec = Engine(tm, EngineConfig(), Stack(admission=OnePerStep())).run(
             [kit.request(i, 16, 20) for i in range(4)]
         )
         assert len(set(rec.first_admitted.tolist())) == 4
@@ -111,12 +112,12 @@ class TestAdmission:
                 return 7
 
         with pytest.raises(SimError, match="returned 7"):
-            Engine(tm, EngineConfig(), admission=TooMany()).run([kit.request(0)])
+            Engine(tm, EngineConfig(), Stack(admission=TooMany())).run([kit.request(0)])
 
     def test_non_policy_is_a_type_error(self, tm: TimingModel) -> None:
         """An object without admit() is refused when the engine is built."""
         with pytest.raises(TypeError, match="'admission' must implement AdmissionPolicy"):
-            Engine(tm, EngineConfig(), admission=object())  # type: ignore[arg-type]
+            Engine(tm, EngineConfig(), Stack(admission=object()))  # type: ignore[arg-type]
 
 
 class TestPreemption:
@@ -133,7 +134,7 @@ class TestPreemption:
 
     def test_policy_order_is_followed(self, kit: SimpleNamespace, tm: TimingModel) -> None:
         """Preempting the oldest first preempts request r0."""
-        rec = Engine(tm, kit.engine(512), preemption=kit.OldestFirst()).run(self._reqs(kit))
+        rec = Engine(tm, kit.engine(512), Stack(preemption=kit.OldestFirst())).run(self._reqs(kit))
         assert rec.preemptions[0] > 0
 
     def test_swap_moves_kv_instead_of_recomputing(
@@ -156,7 +157,7 @@ class TestTokenEviction:
         eng = Engine(
             tm,
             kit.engine(8192, token_budget=256),
-            eviction=ev,
+            Stack(eviction=ev),
             eviction_config=EvictionConfig(budget_fraction=0.25, interval=8),
         )
         return eng.run(reqs), ev
@@ -182,7 +183,7 @@ class TestTokenEviction:
             Engine(
                 tm,
                 kit.engine(1024),
-                eviction=kit.FifoEviction(),
+                Stack(eviction=kit.FifoEviction()),
                 eviction_config=EvictionConfig(budget_fraction=0.5),
             )
 
@@ -237,7 +238,7 @@ class TestInvariants:
         rec = Engine(
             tm,
             EngineConfig(block_size=block_size, kv_capacity_tokens=1024, token_budget=128),
-            eviction=kit.FifoEviction() if evicting else None,
+            Stack(eviction=kit.FifoEviction() if evicting else None),
             eviction_config=EvictionConfig(budget_fraction=0.5, interval=4),
             preemption_config=PreemptionConfig(mode=mode, cpu_swap_bytes=2**40),
         ).run(reqs)

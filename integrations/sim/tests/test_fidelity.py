@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kvpolicy.kvmodel import Request, SchedulerState, get_gpu, get_model
-from kvpolicy.sim import Engine, EngineConfig, PreemptionConfig, RunRecord, TimingModel
+from kvpolicy.sim import Engine, EngineConfig, PreemptionConfig, RunRecord, Stack, TimingModel
 
 M, L0, L1 = 2000, 10, 40
 X_STAR = 2 * M / (L1 * (2 * L0 + L1 + 1))
@@ -65,8 +65,7 @@ def _run(kit: SimpleNamespace, admission: object, reqs: list[Request]) -> RunRec
     return Engine(
         _timing(),
         cfg,
-        admission=admission,  # type: ignore[arg-type]
-        preemption=kit.LeastProgressed(),
+        Stack(admission=admission, preemption=kit.LeastProgressed()),  # type: ignore[arg-type]
         preemption_config=PreemptionConfig(mode="restart"),
     ).run(reqs)
 

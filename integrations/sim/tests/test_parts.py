@@ -11,18 +11,20 @@ import numpy as np
 import pytest
 import yaml
 
-from kvpolicy.kvmodel import Request, chain_block_hashes
+from kvpolicy.kvmodel import Request, ServerContext, chain_block_hashes
 from kvpolicy.sim import (
     ConfigError,
     EngineConfig,
     Stack,
     StackConfig,
     TimingModel,
+    build_stack,
+    server_capacity,
+    server_context,
     simulate,
     stack_from_dict,
 )
 from kvpolicy.sim._engine import Engine, pool_capacity_tokens
-from kvpolicy.sim._parts import build_gateway, build_tiers, server_capacity
 from kvpolicy.tenancy import TokenPoolGate
 from kvpolicy.tiers import GroupTTL, TieredPrefixStore
 
@@ -46,9 +48,17 @@ def _burst(n: int, tenant: str, start: int = 0) -> list[Request]:
 
 
 def _run(cfg: StackConfig, reqs: list[Request], tm: TimingModel) -> tuple[object, TokenPoolGate]:
-    gate = build_gateway(cfg.gateway, tm, cfg.engine, pool_capacity_tokens(tm, cfg.engine))
+    cap = pool_capacity_tokens(tm, cfg.engine)
+    context = ServerContext(
+        model=tm.model,
+        block_size=cfg.engine.block_size,
+        kv_capacity_tokens=cap,
+        max_batch=cfg.engine.max_batch,
+        tokens_per_s=server_capacity(tm, cfg.engine, cap),
+    )
+    gate = build_stack(cfg, context).gate
     assert isinstance(gate, TokenPoolGate)
-    stack = Stack(admission=None, eviction=None, preemption=None, gate=gate)
+    stack = Stack(gate=gate)
     reqs = sorted(reqs, key=lambda r: r.arrival_time)
     return simulate(reqs, tm.model, tm.gpu, cfg, stack=stack, timing=tm), gate
 
@@ -132,9 +142,10 @@ class TestGateway:
         """Shares are of the server's KV bytes and batch; tokens/s is the roofline's rate
         for the mean lengths at the batch that fits (7 sequences of 1024 + 256/2 here)."""
         eng = EngineConfig(kv_capacity_tokens=8192, max_batch=16)
-        tps, kv, conc = server_capacity(tm, eng, 8192, 1024, 256)
-        assert kv == 8192 * tm.kv_bytes_per_token
-        assert conc == 16
+        tps = server_capacity(tm, eng, 8192, 1024, 256)
+        ctx = server_context([Request("r", 1024, 256)], tm, eng)
+        assert (ctx.kv_capacity_tokens, ctx.max_batch) == (8192, 16)
+        assert ctx.tokens_per_s == tps
         decode = tm.iteration_time(7, 7 * 1152, 7 * 1152)
         prefill = tm.iteration_time(1024, 0, 1024 * 1025 / 2) - tm.overhead_s
         assert tps == pytest.approx(1280 / (256 * decode / 7 + prefill))
@@ -145,7 +156,7 @@ class TestGateway:
         reqs = [Request(f"r{i}", 1024, 256, 0.0) for i in range(300)]
         res = simulate(reqs, tm.model, tm.gpu, StackConfig(engine=eng), timing=tm)
         served = 300 * 1280 / res.summary.duration_s
-        tps, _, _ = server_capacity(tm, eng, res.summary.capacity_tokens, 1024, 256)
+        tps = server_capacity(tm, eng, res.summary.capacity_tokens, 1024, 256)
         assert tps == pytest.approx(served, rel=0.25)
 
     @pytest.mark.parametrize(
@@ -153,11 +164,11 @@ class TestGateway:
         [
             ({"tenants": _TWO_TENANTS, "manifest": "x.yaml"}, "exactly one of"),
             ({}, "exactly one of"),
-            ({"tenants": _TWO_TENANTS, "colour": 1}, r"unknown key gateway\.params\.colour"),
-            ({"tenants": {"a": {"share": 1.5}}}, r"tenants\.a\.share must be a number in"),
+            ({"tenants": _TWO_TENANTS, "colour": 1}, r"unknown param 'colour'"),
+            ({"tenants": {"a": {"share": 1.5}}}, r"'tenants\.a\.share' must be a number in"),
             ({"tenants": {"a": {"service_class": "gold", "share": 0.5}}}, "gold"),
             ({"tenants": {"a": {"service_class": "spot"}}}, "needs a 'share'"),
-            ({"tenants": _TWO_TENANTS, "tokens_per_s": -1}, "tokens_per_s must be"),
+            ({"tenants": _TWO_TENANTS, "tokens_per_s": -1}, "'tokens_per_s' must be"),
             ({"manifest": "/nonexistent/pool.yaml"}, "pool.yaml"),
         ],
     )
@@ -223,9 +234,9 @@ class TestTiers:
     def test_store_sees_what_hbm_dropped(self, tm: TimingModel) -> None:
         """The store receives the blocks the pool reused, and its hits are the engine's."""
         cfg = self._cfg({"name": "tiered", "params": {"dram_gib": 4}})
-        store = build_tiers(cfg.tiers, tm, 16)
+        store = build_stack(cfg, server_context([], tm, cfg.engine)).prefix_store
         assert isinstance(store, TieredPrefixStore)
-        eng = Engine(tm, cfg.engine, prefix_store=store)
+        eng = Engine(tm, cfg.engine, Stack(prefix_store=store))
         rec = eng.run(_prefix_requests(6, 4, 0.05))
         stats = store.stats()
         assert len(store) > 0
@@ -236,9 +247,9 @@ class TestTiers:
         """Blocks found only on a 350 MB/s disk load slower than an H100 recomputes them,
         so the engine recomputes: the store finds them, the engine does not use them."""
         cfg = self._cfg({"name": "tiered", "params": {"dram_gib": 0, "disk_gib": 4}})
-        store = build_tiers(cfg.tiers, tm, 16)
+        store = build_stack(cfg, server_context([], tm, cfg.engine)).prefix_store
         assert isinstance(store, TieredPrefixStore)
-        rec = Engine(tm, cfg.engine, prefix_store=store).run(_prefix_requests(6, 4, 0.05))
+        rec = Engine(tm, cfg.engine, Stack(prefix_store=store)).run(_prefix_requests(6, 4, 0.05))
         assert store.stats().tiers[0].hits > 0
         assert rec.tier_hit_tokens == 0
         assert rec.tier_load_s == 0.0
@@ -249,9 +260,9 @@ class TestTiers:
         reqs = _prefix_requests(6, 4, 0.05)
         params = {"dram_gib": 4, "group_ttl": {"budget_block_s": 1e4, "top_k": 3}}
         cfg = self._cfg({"name": "tiered", "params": params})
-        store = build_tiers(cfg.tiers, tm, 16, reqs)
+        store = build_stack(cfg, server_context(reqs, tm, cfg.engine)).prefix_store
         assert isinstance(store, TieredPrefixStore)
-        Engine(tm, cfg.engine, prefix_store=store).run(reqs)
+        Engine(tm, cfg.engine, Stack(prefix_store=store)).run(reqs)
         policy = store.ttl
         assert isinstance(policy, GroupTTL)
         labelled = [policy.group_of(h) for r in reqs for h in r.prefix_hashes]
@@ -263,8 +274,11 @@ class TestTiers:
         ("group", "match"),
         [
             ({"top_k": 3}, "needs budget_block_s"),
-            ({"budget_block_s": 1e4, "fit_fraction": 0}, r"fit_fraction must be in \(0, 1\]"),
-            ({"budget_block_s": 1e4, "rounds": 2}, r"unknown key tiers\.params\.group_ttl\.rounds"),
+            (
+                {"budget_block_s": 1e4, "fit_fraction": 0},
+                r"'group_ttl\.fit_fraction' must be in \(0, 1\]",
+            ),
+            ({"budget_block_s": 1e4, "rounds": 2}, r"unknown key 'group_ttl\.rounds'"),
         ],
     )
     def test_bad_group_ttl(self, tm: TimingModel, group: dict[str, object], match: str) -> None:
@@ -290,10 +304,10 @@ class TestTiers:
     @pytest.mark.parametrize(
         ("params", "match"),
         [
-            ({"dram_gib": -1}, r"dram_gib must be a number >= 0"),
-            ({"dram_gib": 0, "disk_gib": 0}, "needs dram_gib or disk_gib"),
-            ({"ssd_gib": 1}, r"unknown key tiers\.params\.ssd_gib"),
-            ({"ttl_s": "long"}, "ttl_s must be seconds"),
+            ({"dram_gib": -1}, r"'dram_gib' must be a number >= 0"),
+            ({"dram_gib": 0, "disk_gib": 0}, "give 'dram_gib' or 'disk_gib' > 0"),
+            ({"ssd_gib": 1}, r"unknown param 'ssd_gib'"),
+            ({"ttl_s": "long"}, "'ttl_s' must be seconds"),
             ({"ttl_s": -5}, "ttl"),
         ],
     )

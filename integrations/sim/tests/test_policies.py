@@ -9,21 +9,21 @@ import numpy as np
 import pytest
 
 from kvpolicy.sim import (
-    PREEMPTION_NAMES,
     Engine,
     EvictionConfig,
+    Stack,
     StackConfig,
     TimingModel,
     build_stack,
-    eviction_names,
+    part_names,
     stack_from_dict,
 )
 
 evict = pytest.importorskip("kvpolicy.evict", reason="kvpolicy-evict is not installed")
 
 _PARAMS: dict[str, dict[str, Any]] = {"h2o": {"recent_window": 32}}
-_EVICTION = [n for n in eviction_names() if n != "none"]
-_PREEMPTION = [n for n in PREEMPTION_NAMES if hasattr(evict, PREEMPTION_NAMES[n].split(":")[1])]
+_EVICTION = [n for n in part_names("eviction") if n != "none"]
+_PREEMPTION = [n for n in part_names("preemption") if n != "none"]
 
 
 def _workload(kit: SimpleNamespace) -> list[Any]:
@@ -60,7 +60,7 @@ class TestEvictionPolicies:
         rec = Engine(
             tm,
             kit.engine(16384, token_budget=512),
-            eviction=stack.eviction,
+            Stack(eviction=stack.eviction),
             eviction_config=cfg.eviction,
         ).run(_workload(kit))
         assert rec.eviction_budget == 4096
@@ -76,7 +76,7 @@ class TestPreemptionPolicies:
     def test_all_finish(self, name: str, kit: SimpleNamespace, tm: TimingModel) -> None:
         """Under a small pool the order preempts and every request still finishes."""
         stack = build_stack(stack_from_dict({"preemption": {"name": name}}))
-        rec = Engine(tm, kit.engine(1024), preemption=stack.preemption).run(_workload(kit))
+        rec = Engine(tm, kit.engine(1024), Stack(preemption=stack.preemption)).run(_workload(kit))
         assert rec.preemptions.sum() > 0
         assert np.isfinite(rec.finish[~rec.rejected]).all()
 

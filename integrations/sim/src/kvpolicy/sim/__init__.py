@@ -33,7 +33,7 @@ from kvpolicy.sim._config import (
 from kvpolicy.sim._engine import Engine, RunRecord
 from kvpolicy.sim._errors import ConfigError, SimError
 from kvpolicy.sim._metrics import Summary, TenantSummary, summarize
-from kvpolicy.sim._presets import STACK_PRESETS, available_parts, get_stack
+from kvpolicy.sim._presets import STACK_PRESETS, get_stack
 from kvpolicy.sim._report import (
     comparison_table,
     plot_latency_cdf,
@@ -42,21 +42,19 @@ from kvpolicy.sim._report import (
     results_json,
     write_report,
 )
-from kvpolicy.sim._simulate import SimResult, check_config, simulate
-from kvpolicy.sim._stack import (
-    ADMISSION_NAMES,
-    PREEMPTION_NAMES,
-    Stack,
-    build_stack,
-    eviction_names,
+from kvpolicy.sim._simulate import (
+    SimResult,
+    check_config,
+    server_capacity,
+    server_context,
+    simulate,
 )
+from kvpolicy.sim._stack import Stack, build_stack, part_names
 from kvpolicy.sim._sweep import EXECUTORS, SweepPoint, apply_params, expand_grid, sweep
 from kvpolicy.sim._timing import TimingModel, fit_error, fit_timing, read_timing_csv
 
 __all__ = [
-    "ADMISSION_NAMES",
     "EXECUTORS",
-    "PREEMPTION_NAMES",
     "STACK_PRESETS",
     "AdmissionConfig",
     "AttentionConfig",
@@ -83,22 +81,23 @@ __all__ = [
     "apply_params",
     "attention_recall",
     "attention_summary",
-    "available_parts",
     "build_stack",
     "check_config",
     "comparison_table",
-    "eviction_names",
     "expand_grid",
     "fit_attention",
     "fit_error",
     "fit_timing",
     "get_stack",
     "load_stack",
+    "part_names",
     "plot_latency_cdf",
     "plot_memory",
     "plot_tenant_shares",
     "read_timing_csv",
     "results_json",
+    "server_capacity",
+    "server_context",
     "simulate",
     "stack_from_dict",
     "summarize",

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
 import pathlib
-
-import attrs
 
 from kvpolicy.sim._config import (
     AdmissionConfig,
@@ -17,9 +14,8 @@ from kvpolicy.sim._config import (
     load_stack,
 )
 from kvpolicy.sim._errors import ConfigError
-from kvpolicy.sim._stack import build_stack
 
-__all__ = ["STACK_PRESETS", "available_parts", "get_stack"]
+__all__ = ["STACK_PRESETS", "get_stack"]
 
 _TENANTS: dict[str, dict[str, object]] = {
     # The tenants of the "multi-tenant" workload, one per seed 004 service class. Reserved
@@ -74,32 +70,3 @@ def get_stack(name_or_path: str | pathlib.Path) -> StackConfig:
         return load_stack(path)
     known = ", ".join(STACK_PRESETS)
     raise ConfigError(f"unknown stack {key!r}: not a preset ({known}) nor a file")
-
-
-def available_parts(config: StackConfig) -> tuple[StackConfig, list[str]]:
-    """``config`` with each policy whose package is missing replaced by ``none``.
-
-    For a stack that must run whatever is installed (the demo, the benchmarks) while the
-    policy packages are still landing.
-
-    Returns:
-        The runnable stack and one message per part dropped (empty when none was).
-    """
-    base = StackConfig()
-    notes: list[str] = []
-    cfg = config
-    for part in ("admission", "eviction", "preemption"):
-        try:
-            build_stack(attrs.evolve(base, **{part: getattr(config, part)}))
-        except ConfigError as exc:
-            notes.append(f"without its {part} policy: {exc}")
-            cfg = attrs.evolve(cfg, **{part: getattr(base, part)})
-    for part, module in (("gateway", "kvpolicy.tenancy"), ("tiers", "kvpolicy.tiers")):
-        if getattr(config, part).name == "none":
-            continue
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            notes.append(f"without its {part}: {module} is not installed")
-            cfg = attrs.evolve(cfg, **{part: getattr(base, part)})
-    return cfg, notes

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 from attrs import frozen
 
-from kvpolicy.kvmodel import GPUSpec, ModelSpec, Request
+from kvpolicy.kvmodel import GPUSpec, ModelSpec, Request, ServerContext
 from kvpolicy.sim._attention import AttentionModel
-from kvpolicy.sim._config import StackConfig
+from kvpolicy.sim._config import EngineConfig, StackConfig
 from kvpolicy.sim._engine import Engine, ProgressFn, RunRecord, pool_capacity_tokens
 from kvpolicy.sim._metrics import Summary, summarize
-from kvpolicy.sim._parts import build_gateway, build_tiers
 from kvpolicy.sim._stack import Stack, build_stack
 from kvpolicy.sim._timing import TimingModel
 
-__all__ = ["SimResult", "check_config", "simulate"]
+__all__ = ["SimResult", "check_config", "server_capacity", "server_context", "simulate"]
 
 
 @frozen(eq=False)
@@ -36,41 +36,86 @@ class SimResult:
     """The raw per-request times and time series (for plots)."""
 
 
+def server_capacity(
+    timing: TimingModel,
+    engine: EngineConfig,
+    capacity_tokens: int,
+    mean_prompt: float = 1024.0,
+    mean_output: float = 256.0,
+) -> float:
+    """Sustained tokens per second of one simulated server at saturation.
+
+    Tokens (prompt and output alike, as seed 004 counts them) per second are the roofline's
+    rate for requests of ``mean_prompt`` and ``mean_output`` tokens:
+    ``B = min(max_batch, capacity / (P + D/2))`` sequences decode together, so a request
+    costs ``D · t_decode(B) / B`` of decode time (``t_decode(B)`` reads the weights and
+    ``B · (P + D/2)`` tokens of KV) plus the compute of its prefill, and the server serves
+    ``(P + D) / cost`` tokens per second.
+    """
+    p, d = max(mean_prompt, 1.0), max(mean_output, 1.0)
+    batch = max(1, min(engine.max_batch, int(capacity_tokens // (p + d / 2))))
+    kv = batch * (p + d / 2)
+    decode = timing.iteration_time(batch, kv, kv)
+    prefill = timing.iteration_time(p, 0, p * (p + 1) / 2) - timing.overhead_s
+    return (p + d) / (d * decode / batch + prefill)
+
+
+def server_context(
+    requests: Sequence[Request], timing: TimingModel, engine: EngineConfig
+) -> ServerContext:
+    """The server a stack's gateway and tiers are built for: ``timing``'s model on its GPU
+    with ``engine``'s pool, serving ``requests`` (their mean lengths size the rate)."""
+    capacity = pool_capacity_tokens(timing, engine)
+    n = max(len(requests), 1)
+    prompt = sum(r.prompt_len for r in requests) / n if requests else 1024.0
+    output = sum(r.decode_len for r in requests) / n if requests else 256.0
+    return ServerContext(
+        model=timing.model,
+        block_size=engine.block_size,
+        kv_capacity_tokens=capacity,
+        max_batch=engine.max_batch,
+        tokens_per_s=server_capacity(timing, engine, capacity, prompt, output),
+        requests=tuple(requests),
+    )
+
+
 def _engine(
     requests: Sequence[Request],
     model: ModelSpec,
     gpu: GPUSpec,
     cfg: StackConfig,
-    built: Stack,
+    built: Stack | None,
     timing: TimingModel | None,
     attention: AttentionModel | None,
     seed: int,
 ) -> Engine:
     tm = timing if timing is not None else TimingModel(model, gpu, **cfg.timing.constants())
-    gate, store = built.gate, built.prefix_store
-    if gate is None and cfg.gateway.name != "none":
-        n = max(len(requests), 1)
-        lengths = (
-            sum(r.prompt_len for r in requests) / n if requests else 1024.0,
-            sum(r.decode_len for r in requests) / n if requests else 256.0,
+    context = None
+    if cfg.gateway.name != "none" or cfg.tiers.name != "none":
+        context = server_context(requests, tm, cfg.engine)
+    if built is None:
+        built = build_stack(cfg, context)
+    else:
+        # Prebuilt policies; the gateway and tiers the stack file names fill what is missing.
+        part = build_stack(
+            attrs.evolve(StackConfig(), gateway=cfg.gateway, tiers=cfg.tiers), context
         )
-        capacity = pool_capacity_tokens(tm, cfg.engine)
-        gate = build_gateway(cfg.gateway, tm, cfg.engine, capacity, lengths)
-    if store is None:
-        store = build_tiers(cfg.tiers, tm, cfg.engine.block_size, requests)
+        built = attrs.evolve(
+            built,
+            gate=built.gate if built.gate is not None else part.gate,
+            prefix_store=built.prefix_store
+            if built.prefix_store is not None
+            else part.prefix_store,
+        )
     return Engine(
         tm,
         cfg.engine,
-        admission=built.admission,
-        eviction=built.eviction,
+        built,
         eviction_config=cfg.eviction,
-        preemption=built.preemption,
         preemption_config=cfg.preemption,
+        gateway_config=cfg.gateway,
         attention=attention if attention is not None else cfg.attention.build(),
         seed=seed,
-        gate=gate,
-        gateway_config=cfg.gateway,
-        prefix_store=store,
     )
 
 
@@ -87,7 +132,7 @@ def check_config(
             an eviction budget below two iterations' tokens, or no request that fits at all.
     """
     reqs = tuple(requests)
-    engine = _engine(reqs, model, gpu, config, build_stack(config), None, None, 0)
+    engine = _engine(reqs, model, gpu, config, None, None, None, 0)
     return int(engine.check_fits(reqs).sum())
 
 
@@ -123,9 +168,8 @@ def simulate(
         ConfigError: an unknown policy, or no request fits in memory (before anything runs).
     """
     cfg = config if config is not None else StackConfig()
-    built = stack if stack is not None else build_stack(cfg)
     reqs = tuple(requests)
-    engine = _engine(reqs, model, gpu, cfg, built, timing, attention, seed)
+    engine = _engine(reqs, model, gpu, cfg, stack, timing, attention, seed)
     record = engine.run(reqs, progress=progress)
     return SimResult(
         stack=cfg.name,

@@ -1,136 +1,139 @@
-"""Policy objects by name, from the packages that implement them.
+"""A stack file's five parts, built whole through kvmodel's one resolver.
 
-The simulator has no policies of its own: every name below resolves to a class or factory of
-kvpolicy-admit or kvpolicy-evict. ``none`` leaves the engine's own mechanics (admit while
-blocks last, preempt the last admitted first, keep every token: vLLM's behaviour).
+The simulator keeps no table of policy names: every part resolves through
+:func:`kvpolicy.kvmodel.build` from the entry points the libraries declare
+(``kvpolicy.gateway``, ``kvpolicy.admission``, ``kvpolicy.eviction``,
+``kvpolicy.preemption``, ``kvpolicy.tiers``). ``none`` leaves the engine's own mechanics
+(every request enters, admit while blocks last, preempt the last admitted first, keep every
+token, no tiers below HBM: vLLM's behaviour).
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
-from attrs import frozen
+from attrs import Attribute, field, frozen
 
 from kvpolicy.kvmodel import (
+    ADMISSION,
+    EVICTION,
+    GATEWAY,
+    PREEMPTION,
+    TIERS,
     AdmissionPolicy,
     EvictionPolicy,
+    Group,
     PreemptionPolicy,
     PrefixStore,
+    RegistryError,
     RequestGate,
+    ServerContext,
+    build,
+    names,
 )
 from kvpolicy.sim._config import StackConfig
 from kvpolicy.sim._errors import ConfigError
 
-__all__ = [
-    "ADMISSION_NAMES",
-    "PREEMPTION_NAMES",
-    "Stack",
-    "build_stack",
-    "eviction_names",
-]
+__all__ = ["Stack", "build_stack", "part_names"]
 
-ADMISSION_NAMES: dict[str, str] = {
-    "greedy": "kvpolicy.admit:GreedyAdmission",
-    "rate-limited": "kvpolicy.admit:RateLimitedAdmission",
-}
-"""Admission names and the ``module:attribute`` that builds each (besides ``none``)."""
+T = TypeVar("T")
 
-PREEMPTION_NAMES: dict[str, str] = {
-    "last-in-first-out": "kvpolicy.evict:LastInFirstOut",
-    "least-progressed-first": "kvpolicy.evict:LeastProgressedFirst",
-    "priority-aware": "kvpolicy.evict:PriorityAware",
-    "cost-aware": "kvpolicy.evict:CostAware",
+_PARTS: dict[str, Group[Any]] = {
+    "gateway": GATEWAY,
+    "admission": ADMISSION,
+    "eviction": EVICTION,
+    "preemption": PREEMPTION,
+    "tiers": TIERS,
 }
-"""Preemption names and the ``module:attribute`` that builds each (besides ``none``)."""
+
+
+def _implements(protocol: type) -> Callable[[object, Attribute[Any], object], None]:
+    def check(_inst: object, attribute: Attribute[Any], value: object) -> None:
+        if value is not None and not isinstance(value, protocol):
+            raise TypeError(f"'{attribute.name}' must implement {protocol.__name__}: {value!r}")
+
+    return check
 
 
 @frozen
 class Stack:
-    """Built policy objects; ``None`` where the engine's own mechanics apply."""
+    """Built policy objects, one per part of a stack; ``None`` where the engine's own
+    mechanics apply."""
 
-    admission: AdmissionPolicy | None
+    admission: AdmissionPolicy | None = field(default=None, validator=_implements(AdmissionPolicy))
     """How many waiting requests join each iteration."""
-    eviction: EvictionPolicy | None
+    eviction: EvictionPolicy | None = field(default=None, validator=_implements(EvictionPolicy))
     """Token eviction to a budget."""
-    preemption: PreemptionPolicy | None
+    preemption: PreemptionPolicy | None = field(
+        default=None, validator=_implements(PreemptionPolicy)
+    )
     """Order of preemption."""
-    gate: RequestGate | None = None
+    gate: RequestGate | None = field(default=None, validator=_implements(RequestGate))
     """Gateway in front of the server (429 + Retry-After)."""
-    prefix_store: PrefixStore | None = None
+    prefix_store: PrefixStore | None = field(default=None, validator=_implements(PrefixStore))
     """KV prefix tiers below HBM."""
 
 
-def eviction_names() -> tuple[str, ...]:
-    """Token eviction names: ``none`` and kvpolicy-evict's ``POLICY_NAMES`` when installed."""
-    try:
-        evict = importlib.import_module("kvpolicy.evict")
-    except ImportError:
-        return ("none",)
-    return ("none", *tuple(getattr(evict, "POLICY_NAMES", ())))
-
-
-def _resolve(kind: str, name: str, table: dict[str, str]) -> Callable[..., Any]:
-    if name not in table:
-        known = ", ".join(["none", *table])
-        raise ConfigError(f"unknown {kind} policy {name!r}; known: {known}")
-    module_name, attr = table[name].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(
-            f"{kind} policy {name!r} needs {module_name}, which is not installed"
-        ) from exc
-    factory = getattr(module, attr, None)
-    if factory is None:
-        raise ConfigError(
-            f"{kind} policy {name!r} needs {module_name}.{attr}, which the installed "
-            f"{module_name} does not provide yet"
-        )
-    if not callable(factory):
-        raise ConfigError(f"{module_name}.{attr} is not callable")
-    return factory  # type: ignore[no-any-return]
-
-
-def _call(kind: str, name: str, factory: Callable[..., Any], params: dict[str, Any]) -> Any:
-    try:
-        return factory(**params)
-    except TypeError as exc:
-        raise ConfigError(f"{kind} policy {name!r}: bad params {params!r}: {exc}") from exc
-
-
-def build_stack(config: StackConfig) -> Stack:
-    """Build the policy objects ``config`` names.
+def part_names(part: str) -> tuple[str, ...]:
+    """Names a stack's ``part`` section accepts: ``none`` and every installed implementation.
 
     Raises:
-        ConfigError: an unknown name (the message lists the known ones), a package that is
-            not installed, or parameters the policy rejects.
+        ValueError: ``part`` is not one of gateway, admission, eviction, preemption, tiers.
+    """
+    if part not in _PARTS:
+        raise ValueError(f"'part' must be one of {', '.join(_PARTS)}: {part!r}")
+    return ("none", *names(_PARTS[part]))
+
+
+def _part(
+    section: str,
+    group: Group[T],
+    name: str,
+    params: Mapping[str, Any],
+    context: ServerContext | None,
+) -> T | None:
+    if name == "none":
+        return None
+    known = names(group)
+    if name not in known:
+        listed = ", ".join(("none", *known))
+        raise ConfigError(f"{section}: unknown {group.kind} {name!r}; known: {listed}")
+    try:
+        return build(group, name, params, context=context)
+    except RegistryError as exc:
+        raise ConfigError(f"{section}: {exc}") from exc
+
+
+def build_stack(config: StackConfig, context: ServerContext | None = None) -> Stack:
+    """Build every part ``config`` names.
+
+    Args:
+        config: the stack.
+        context: the server the gateway and the tiers are built for (its model, KV pool,
+            rate and, for fitted TTLs, the workload); needed only when the stack names a
+            gateway or tiers.
+
+    Raises:
+        ConfigError: an unknown name (the message lists the known ones), a param the
+            implementation rejects (named), or a gateway or tiers without ``context``.
     """
     if not isinstance(config, StackConfig):
         raise TypeError(f"'config' must be a StackConfig: {config!r}")
-    adm = config.admission
-    admission = None
-    if adm.name != "none":
-        factory = _resolve("admission", adm.name, ADMISSION_NAMES)
-        admission = _call("admission", adm.name, factory, adm.params)
-        if not isinstance(admission, AdmissionPolicy):
-            raise ConfigError(f"admission {adm.name!r} does not implement AdmissionPolicy")
-    ev = config.eviction
-    eviction = None
-    if ev.name != "none":
-        names = eviction_names()
-        if ev.name not in names:
-            raise ConfigError(f"unknown eviction policy {ev.name!r}; known: {', '.join(names)}")
-        evict = importlib.import_module("kvpolicy.evict")
-        eviction = _call("eviction", ev.name, evict.make_policy, {"name": ev.name, **ev.params})
-        if not isinstance(eviction, EvictionPolicy):
-            raise ConfigError(f"eviction {ev.name!r} does not implement EvictionPolicy")
-    pre = config.preemption
-    preemption = None
-    if pre.name != "none":
-        factory = _resolve("preemption", pre.name, PREEMPTION_NAMES)
-        preemption = _call("preemption", pre.name, factory, pre.params)
-        if not isinstance(preemption, PreemptionPolicy):
-            raise ConfigError(f"preemption {pre.name!r} does not implement PreemptionPolicy")
-    return Stack(admission=admission, eviction=eviction, preemption=preemption)
+    for section in ("gateway", "tiers"):
+        if getattr(config, section).name != "none" and context is None:
+            raise ConfigError(
+                f"{section} {getattr(config, section).name!r} needs the server it is built "
+                "for: pass a ServerContext (simulate() builds one)"
+            )
+    return Stack(
+        gate=_part("gateway", GATEWAY, config.gateway.name, config.gateway.params, context),
+        admission=_part(
+            "admission", ADMISSION, config.admission.name, config.admission.params, context
+        ),
+        eviction=_part("eviction", EVICTION, config.eviction.name, config.eviction.params, context),
+        preemption=_part(
+            "preemption", PREEMPTION, config.preemption.name, config.preemption.params, context
+        ),
+        prefix_store=_part("tiers", TIERS, config.tiers.name, config.tiers.params, context),
+    )

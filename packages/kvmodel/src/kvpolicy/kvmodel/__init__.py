@@ -16,7 +16,13 @@ from kvpolicy.kvmodel._planning import (
     num_blocks,
     plan_capacity,
 )
-from kvpolicy.kvmodel._pool import Allocation, BlockPool, PoolStats, chain_block_hashes
+from kvpolicy.kvmodel._pool import (
+    Allocation,
+    BlockPool,
+    PoolStats,
+    chain_block_hashes,
+    rechunk_hashes,
+)
 from kvpolicy.kvmodel._presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
 from kvpolicy.kvmodel._protocols import (
     AdmissionPolicy,
@@ -43,6 +49,7 @@ from kvpolicy.kvmodel._registry import (
     describe,
     names,
 )
+from kvpolicy.kvmodel._residency import AttentionSource, ResidencyError, ResidencyLedger
 from kvpolicy.kvmodel._specs import KV_DTYPE_BYTES, GPUSpec, ModelSpec, kv_dtype_bytes
 from kvpolicy.kvmodel._types import (
     GateDecision,
@@ -73,6 +80,7 @@ __all__ = [
     "WORKLOAD_FORMATS",
     "AdmissionPolicy",
     "Allocation",
+    "AttentionSource",
     "BlockPool",
     "BlockPoolError",
     "CapacityPlan",
@@ -92,6 +100,8 @@ __all__ = [
     "RegistryError",
     "Request",
     "RequestGate",
+    "ResidencyError",
+    "ResidencyLedger",
     "SchedulerState",
     "SequenceView",
     "ServerContext",
@@ -112,6 +122,7 @@ __all__ = [
     "num_blocks",
     "paged_utilisation",
     "plan_capacity",
+    "rechunk_hashes",
     "seed001_lengths",
     "utilisation_sweep",
 ]

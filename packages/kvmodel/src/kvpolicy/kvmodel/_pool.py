@@ -25,7 +25,7 @@ from attrs import frozen
 
 from kvpolicy.kvmodel._errors import BlockPoolError
 
-__all__ = ["Allocation", "BlockPool", "PoolStats", "chain_block_hashes"]
+__all__ = ["Allocation", "BlockPool", "PoolStats", "chain_block_hashes", "rechunk_hashes"]
 
 
 def chain_block_hashes(
@@ -44,6 +44,36 @@ def chain_block_hashes(
         prev = hash((prev, tuple(token_ids[start : start + block_size])))
         hashes.append(prev)
     return tuple(hashes)
+
+
+def rechunk_hashes(
+    hashes: Sequence[int], from_block_size: int, to_block_size: int
+) -> tuple[int, ...]:
+    """Chained block hashes of ``from_block_size`` tokens as hashes of ``to_block_size``.
+
+    A chained hash names its whole prefix, so the hash of a large block is the hash of the
+    last small block it ends with: with ``k = to_block_size / from_block_size``, large block
+    ``j`` is small block ``(j + 1) k - 1``::
+
+        small:  h0 h1 h2 h3 h4 h5 h6      (from_block_size = 16)
+        large:     h1    h3    h5         (to_block_size = 32; h6 ends no full block)
+
+    Raises:
+        ValueError: a size below 1, or ``to_block_size`` not a multiple of
+            ``from_block_size`` (a block boundary no hash marks).
+    """
+    for name, value in (("from_block_size", from_block_size), ("to_block_size", to_block_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"'{name}' must be an int >= 1: {value!r}")
+    if to_block_size % from_block_size:
+        raise ValueError(
+            f"block size {to_block_size} is not a multiple of the prefix hashes' block size "
+            f"{from_block_size}: hashes mark no boundary there"
+        )
+    k = to_block_size // from_block_size
+    if k == 1:
+        return tuple(hashes)
+    return tuple(hashes[k - 1 :: k])
 
 
 @frozen
@@ -254,6 +284,8 @@ class BlockPool:
         num_tokens: int,
         prefix_hashes: Sequence[int] = (),
         token_ids: Sequence[int] | None = None,
+        *,
+        hash_block_size: int | None = None,
     ) -> Allocation | None:
         """Give a new request blocks for its first ``num_tokens`` tokens.
 
@@ -266,13 +298,22 @@ class BlockPool:
             prefix_hashes: chained hashes of the prompt's full blocks (see
                 :func:`chain_block_hashes`); may be shorter than the prompt.
             token_ids: optional (num_tokens,) ids to record as the blocks' content.
+            hash_block_size: tokens each of ``prefix_hashes`` covers, when the caller knows
+                it; hashes made for another block size are refused (re-chunk them with
+                :func:`rechunk_hashes`). None: they are taken to be this pool's.
 
         Raises:
-            BlockPoolError: ``request_id`` already holds blocks.
+            BlockPoolError: ``request_id`` already holds blocks, or ``hash_block_size`` is
+                not this pool's block size.
             ValueError: ``num_tokens`` is negative or ``token_ids`` has another length.
         """
         if request_id in self._tables:
             raise BlockPoolError(f"request {request_id!r} already holds blocks")
+        if hash_block_size is not None and prefix_hashes and hash_block_size != self._block_size:
+            raise BlockPoolError(
+                f"prefix hashes of {hash_block_size}-token blocks given to a pool of "
+                f"{self._block_size}-token blocks; re-chunk them with rechunk_hashes"
+            )
         self._check_count("num_tokens", num_tokens)
         if token_ids is not None and len(token_ids) != num_tokens:
             raise ValueError(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Generic, TypeVar, cast
@@ -108,6 +108,10 @@ GROUPS: tuple[Group[Any], ...] = (ADMISSION, EVICTION, PREEMPTION, GATEWAY, TIER
 """Every group, in the order of a serving stack."""
 
 
+def _requests(value: Iterable[Request]) -> tuple[Request, ...]:
+    return tuple(value)
+
+
 @frozen
 class ServerContext:
     """What a gateway or a prefix store needs to know of the server it is built for."""
@@ -122,7 +126,7 @@ class ServerContext:
     """Most requests running at once."""
     tokens_per_s: float = field(converter=float, validator=gt(0.0))
     """Sustained tokens per second (prompt and output) the server serves at saturation."""
-    requests: tuple[Request, ...] = field(default=(), converter=tuple)
+    requests: tuple[Request, ...] = field(default=(), converter=_requests)
     """The workload when it is known in advance (a trace replay), e.g. to fit TTLs on;
     empty for a live server."""
 

@@ -59,6 +59,10 @@ class Request:
     """Larger is more important."""
     prefix_hashes: tuple[int, ...] = field(default=(), converter=_hashes)
     """Chained hashes of the prompt's full blocks, for prefix caching (may be empty)."""
+    hash_block_size: int = field(default=16, validator=[instance_of(int), ge(1)])
+    """Tokens each of ``prefix_hashes`` covers. An engine with larger blocks (a multiple of
+    it) re-chunks them with :func:`rechunk_hashes`; a pool refuses hashes of another
+    granularity than its block size."""
 
     @property
     def total_len(self) -> int:

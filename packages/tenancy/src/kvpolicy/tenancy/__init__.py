@@ -32,6 +32,7 @@ from kvpolicy.tenancy._math import (
     update_debt,
 )
 from kvpolicy.tenancy._redis import RedisStateStore
+from kvpolicy.tenancy._shares import token_pool_gateway
 from kvpolicy.tenancy._store import (
     EntitlementState,
     Holding,
@@ -73,5 +74,6 @@ __all__ = [
     "retry_after",
     "service_class",
     "service_gap",
+    "token_pool_gateway",
     "update_debt",
 ]

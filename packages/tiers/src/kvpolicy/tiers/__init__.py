@@ -11,6 +11,7 @@ from __future__ import annotations
 from kvpolicy.tiers.__about__ import __version__
 from kvpolicy.tiers._cost import recompute_seconds_saved, serving_cost, usage_cost
 from kvpolicy.tiers._errors import TiersError, UnknownTierError
+from kvpolicy.tiers._factory import tiered_store
 from kvpolicy.tiers._pareto import (
     Evaluation,
     Objectives,
@@ -80,6 +81,7 @@ __all__ = [
     "replay",
     "roi_optimal_ttl",
     "serving_cost",
+    "tiered_store",
     "uniform_ttl_for_budget",
     "usage_cost",
 ]

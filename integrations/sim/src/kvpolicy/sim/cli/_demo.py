@@ -32,7 +32,6 @@ def demo(model: str, gpu: str, num_requests: int, seed: int, report: pathlib.Pat
     """A vLLM-like stack against the kvpolicy stack on the multi-tenant workload."""
     from kvpolicy.sim import (
         STACK_PRESETS,
-        available_parts,
         comparison_table,
         simulate,
         write_report,
@@ -46,10 +45,7 @@ def demo(model: str, gpu: str, num_requests: int, seed: int, report: pathlib.Pat
         w = get_workload("multi-tenant", seed=seed, num_requests=num_requests)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    kvp, notes = available_parts(STACK_PRESETS["kvpolicy"])
-    for note in notes:
-        console.print(f"[yellow]kvpolicy stack {note}[/]")
-    stacks = [STACK_PRESETS["vllm"], kvp]
+    stacks = [STACK_PRESETS["vllm"], STACK_PRESETS["kvpolicy"]]
     results = []
     for cfg in stacks:
         with progress_bar(console, f"{cfg.name:9s}") as update:

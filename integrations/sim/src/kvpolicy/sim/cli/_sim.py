@@ -131,13 +131,12 @@ def _run_stacks(
     show_progress: bool,
     seed: int,
 ) -> list[Any]:
-    from kvpolicy.sim import build_stack, check_config, simulate
+    from kvpolicy.sim import check_config, simulate
 
     for cfg in stacks:  # every stack is checked before any runs
         check_config(w.requests, model, gpu, cfg)
-    built = [build_stack(s) for s in stacks]
     results = []
-    for cfg, stack in zip(stacks, built, strict=True):
+    for cfg in stacks:
         with progress_bar(console, f"{cfg.name}", show_progress) as update:
             results.append(
                 simulate(
@@ -146,7 +145,6 @@ def _run_stacks(
                     gpu,
                     cfg,
                     workload_name=w.name,
-                    stack=stack,
                     progress=update,
                     seed=seed,
                 )

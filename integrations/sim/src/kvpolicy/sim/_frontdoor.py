@@ -1,0 +1,100 @@
+"""The front door: arrivals, the gateway in front of the server, and clients' retries."""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvpolicy.kvmodel import Request, RequestGate
+from kvpolicy.sim._config import GatewayConfig
+from kvpolicy.sim._recorder import Recorder
+
+__all__ = ["FrontDoor"]
+
+
+class FrontDoor:
+    """Requests reach the server here, in arrival order.
+
+    Without a gateway every request that can run enters the waiting queue when it arrives.
+    With one, each arrival (and each retry) is checked: an admitted request enters, a denied
+    one (429) comes back after its Retry-After (at least ``min_backoff_s``) until its
+    client has been denied more than ``max_retries`` times and gives up.
+
+    Args:
+        requests: the workload, in arrival order.
+        arrivals: (n,) float64 arrival times.
+        recorder: where denials, give-ups and rejections are counted.
+        gate: the gateway, or None.
+        config: how the gateway's clients retry.
+    """
+
+    def __init__(
+        self,
+        requests: tuple[Request, ...],
+        arrivals: NDArray[np.float64],
+        recorder: Recorder,
+        gate: RequestGate | None,
+        config: GatewayConfig,
+    ) -> None:
+        self._reqs = requests
+        self._arrivals = arrivals
+        self._rec = recorder
+        self._gate = gate
+        self._max_retries = config.max_retries
+        self._min_backoff = config.min_backoff_s
+        self._next = 0
+        self._retries: list[tuple[float, int]] = []  # (time, request index)
+
+    def next_event(self) -> float:
+        """Time of the next arrival or client retry (``inf`` when none is left)."""
+        t = math.inf
+        if self._next < len(self._reqs):
+            t = float(self._arrivals[self._next])
+        if self._retries and self._retries[0][0] < t:
+            t = self._retries[0][0]
+        return t
+
+    def arrive(self, now: float) -> list[int]:
+        """Indices of the requests that enter the server at ``now`` (arrivals, then
+        retries), in order."""
+        entered: list[int] = []
+        n = len(self._reqs)
+        i = self._next
+        rejected = self._rec.rejected
+        while i < n and self._arrivals[i] <= now:
+            if rejected[i]:
+                self._rec.done += 1
+            elif self._gate is None or self._knock(i, now):
+                entered.append(i)
+            i += 1
+        self._next = i
+        while self._retries and self._retries[0][0] <= now:
+            j = heapq.heappop(self._retries)[1]
+            if self._knock(j, now):
+                entered.append(j)
+        return entered
+
+    def _knock(self, i: int, now: float) -> bool:
+        """Request ``i`` reaches the gateway now (first arrival or a retry)."""
+        assert self._gate is not None
+        decision = self._gate.check(self._reqs[i], now)
+        if decision.admitted:
+            return True
+        rec = self._rec
+        rec.denials[i] += 1
+        if rec.denials[i] > self._max_retries:
+            rec.gave_up[i] = True
+            rec.done += 1
+            return False
+        # A client honours Retry-After; a zero Retry-After is retried after min_backoff_s.
+        wait = max(decision.retry_after, self._min_backoff)
+        heapq.heappush(self._retries, (now + wait, i))
+        return False
+
+    def release(self, request: Request, now: float) -> None:
+        """An admitted request finished: the gateway gets back what it held."""
+        if self._gate is not None:
+            self._gate.release(request, now)

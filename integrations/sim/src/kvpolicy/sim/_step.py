@@ -1,0 +1,163 @@
+"""The step: one iteration of prefill chunks and decodes (or several decode-only ones), KV
+growth, and the clock.
+
+Prefill chunks fill the token budget left after one token per decoding request; the
+roofline gives the iteration's time; tokens are produced, and finished requests leave.
+When only decoding requests run and nobody waits, nothing but KV growth changes between
+iterations, so :meth:`Step.decode` advances ``k`` iterations at once, with ``k`` the distance
+to the next arrival, completion, eviction round or block shortage. Each of those ``k``
+iterations keeps its own roofline time, so the result equals ``k`` single steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kvpolicy.sim._batch import Batch
+from kvpolicy.sim._config import EngineConfig
+from kvpolicy.sim._residency import Residency
+from kvpolicy.sim._seq import Seq
+from kvpolicy.sim._timing import TimingModel
+
+__all__ = ["Step"]
+
+
+class Step:
+    """Advances the batch and the clock.
+
+    Args:
+        config: engine limits (token budget, most iterations advanced at once).
+        timing: the roofline time model.
+        batch: the batch it advances.
+        residency: token residency (eviction rounds before an iteration that needs room).
+        on_finish: called with each request that produced its last token, at ``now``.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        timing: TimingModel,
+        batch: Batch,
+        residency: Residency,
+        on_finish: Callable[[Seq, float], None],
+    ) -> None:
+        self._token_budget = config.token_budget
+        self._max_macro = config.max_macro_steps
+        self._tm = timing
+        self._batch = batch
+        self._res = residency
+        self._on_finish = on_finish
+        self.now = 0.0
+        """Simulated time, seconds."""
+        self.step = 0
+        """Iterations so far."""
+
+    def run(self, next_event: float, first_output: Callable[[int, float], None]) -> None:
+        """One mixed iteration, or ``k >= 1`` decode-only ones when every running request
+        decodes; ``next_event`` (the next arrival or retry) bounds ``k``."""
+        if all(s.decoding for s in self._batch.running):
+            self.decode(next_event)
+        else:
+            self.mixed(first_output)
+
+    def mixed(self, first_output: Callable[[int, float], None]) -> None:
+        """One iteration with prefill chunks (and any decodes)."""
+        batch = self._batch
+        batch.preempt_until(
+            lambda: (
+                batch.blocks_for([s for s in batch.running if s.decoding], 1) <= batch.free_blocks
+            ),
+            self.now,
+        )
+        running = batch.running
+        dec = [s for s in running if s.decoding]
+        budget = self._token_budget - len(dec)
+        chunks: list[tuple[Seq, int]] = []
+        for s in running:
+            if s.decoding or budget <= 0:
+                continue
+            c = min(s.target - s.computed, budget)
+            budget -= c
+            chunks.append((s, c))
+        n_tok = len(dec) + sum(c for _, c in chunks)
+        self._res.maybe_round(self.step, running, n_tok)
+        kv_read = sum(s.pool_tokens for s in running)
+        pairs = sum(s.pool_tokens for s in dec) + sum(
+            c * s.computed + c * (c + 1) // 2 for s, c in chunks
+        )
+        for s in dec:
+            batch.grow(s, 1)
+        self.now += self._tm.iteration_time(n_tok, kv_read, pairs) + batch.take_delay()
+        self.step += 1
+        finished: list[Seq] = []
+        self._res.wrote(n_tok)
+        for s, c in chunks:
+            s.computed += c
+            if s.decoding:
+                s.generated += 1
+                first_output(s.idx, self.now)
+                if s.generated >= s.req.decode_len:
+                    finished.append(s)
+        for s in dec:
+            s.generated += 1
+            if s.generated >= s.req.decode_len:
+                finished.append(s)
+        self._finish(finished)
+
+    def decode(self, next_event: float) -> None:
+        """``k >= 1`` decode-only iterations of an unchanged batch."""
+        batch = self._batch
+        run = batch.running
+        free = batch.free_blocks
+        if batch.blocks_for(run, 1) > free:
+            batch.preempt_until(
+                lambda: batch.blocks_for(batch.running, 1) <= batch.free_blocks, self.now
+            )
+            run = batch.running
+            free = batch.free_blocks
+            kmax = 1
+            if not run:
+                return
+        else:
+            kmax = self._max_macro
+        if batch.waiting or batch.swapped or batch.has_delay:
+            kmax = 1
+        kmax = min(kmax, min(s.req.decode_len - s.generated for s in run))
+        self._res.maybe_round(self.step, run, len(run))
+        free_steps = self._res.steps_free(self.step, len(run))
+        if free_steps is not None:
+            kmax = min(kmax, free_steps)
+        if kmax > 1 and batch.blocks_for(run, kmax) > free:
+            lo, hi = 1, kmax  # largest k whose blocks fit
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if batch.blocks_for(run, mid) <= free:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            kmax = lo
+        kv = sum(s.pool_tokens for s in run)
+        times = self._tm.decode_times(len(run), kv, kv, kmax)
+        times[0] += batch.take_delay()
+        k = kmax
+        if next_event < np.inf and kmax > 1:
+            ends = self.now + np.cumsum(times)
+            # Stop at the first iteration that ends at or after the next arrival or retry.
+            k = min(kmax, int(np.searchsorted(ends, next_event)) + 1)
+        self.now += float(times[:k].sum())
+        self.step += k
+        self._res.wrote(len(run) * k)
+        finished: list[Seq] = []
+        for s in run:
+            batch.grow(s, k)
+            s.generated += k
+            if s.generated >= s.req.decode_len:
+                finished.append(s)
+        self._finish(finished)
+
+    def _finish(self, finished: list[Seq]) -> None:
+        for s in finished:
+            self._on_finish(s, self.now)
+        self._batch.retire(finished)
