@@ -247,3 +247,28 @@ class TestInvariants:
         assert int(rec.series_kv_tokens.max()) <= rec.capacity_tokens
         if evicting:
             assert int(rec.series_resident.max()) <= 512
+
+
+class TestPrefixHashBlockSize:
+    @pytest.mark.parametrize("name", ["mooncake-like", "multi-tenant", "azure-conv-like"])
+    def test_hits_never_rise_with_block_size(self, name: str) -> None:
+        """Prefix hashes are re-chunked to the engine's block size, so a coarser block can
+        only lose hits (a partial block is never shared), on every workload with prefixes."""
+        from kvpolicy.sim import StackConfig, simulate
+        from kvpolicy.sim.workloads import get_workload
+
+        w = get_workload(name, num_requests=300)
+        hits = []
+        for bs in (16, 32, 64):
+            cfg = StackConfig(engine=EngineConfig(block_size=bs))
+            res = simulate(w.requests, get_model("Llama-3-8B"), get_gpu("L40S"), cfg)
+            hits.append(res.record.prefix_hit_tokens)
+        assert hits == sorted(hits, reverse=True)
+        if any(r.prefix_hashes for r in w.requests):
+            assert hits[0] > 0
+
+    def test_block_size_not_a_multiple_of_the_hashes(self, tm: TimingModel) -> None:
+        """An engine whose blocks don't end on hashed boundaries refuses the request."""
+        req = Request("r", 64, 4, prefix_hashes=(1, 2, 3, 4), hash_block_size=16)
+        with pytest.raises(ConfigError, match="not a multiple of the prefix hashes' block size"):
+            Engine(tm, EngineConfig(block_size=24, kv_capacity_tokens=4800)).run([req])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpolicy.kvmodel import BlockPool, BlockPoolError, chain_block_hashes
+from kvpolicy.kvmodel import BlockPool, BlockPoolError, chain_block_hashes, rechunk_hashes
 
 
 def make_pool(num_blocks: int = 8, block_size: int = 4) -> BlockPool:
@@ -230,3 +230,28 @@ class TestCachedPrefixBlocks:
         hashes = chain_block_hashes(list(range(8)), 4)
         assert pool.allocate("a", 8, hashes) is not None
         assert pool.cached_prefix_blocks(hashes) == 0
+
+
+class TestHashGranularity:
+    def test_rechunk_takes_the_last_small_block_of_each_large_one(self) -> None:
+        """A chained hash names its prefix: 32-token block j is 16-token block 2j + 1."""
+        tokens = list(range(100))
+        small = chain_block_hashes(tokens, 16)
+        assert rechunk_hashes(small, 16, 32) == (small[1], small[3], small[5])
+        assert rechunk_hashes(small, 16, 16) == small
+        assert rechunk_hashes(small, 16, 64) == (small[3],)
+
+    def test_rechunk_refuses_a_finer_or_unaligned_block(self) -> None:
+        """Hashes mark no boundary inside their blocks."""
+        with pytest.raises(ValueError, match="not a multiple"):
+            rechunk_hashes((1, 2), 16, 24)
+        with pytest.raises(ValueError, match="not a multiple"):
+            rechunk_hashes((1, 2), 16, 8)
+
+    def test_pool_refuses_hashes_of_another_block_size(self) -> None:
+        """allocate refuses hashes said to cover another block size, and changes nothing."""
+        pool = BlockPool(num_blocks=8, block_size=32)
+        with pytest.raises(BlockPoolError, match="16-token blocks given to a pool of 32"):
+            pool.allocate("r", 64, (1, 2, 3, 4), hash_block_size=16)
+        assert pool.num_free_blocks == 8
+        assert pool.allocate("r", 64, (2, 4), hash_block_size=32) is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -276,7 +277,8 @@ def _compare_stacks(
             skip_bad=skip_bad,
             limit=limit,
             rate=rate,
-            block_size=cfgs[0].engine.block_size,
+            # Prefix hashes at the finest block size of the stacks; each engine re-chunks.
+            block_size=math.gcd(*(c.engine.block_size for c in cfgs)),
             num_requests=num_requests,
             seed=seed,
         )

@@ -95,10 +95,12 @@ def assemble(
     id_prefix: str = "L",
     notes: tuple[str, ...] = (),
     rate: float | None = None,
+    hash_block_size: int = 16,
 ) -> Workload:
     """Sort rows by time (stably), make times relative to the earliest, build the workload.
 
-    ``rate``, when given, rescales the arrival times so that the mean rate is ``rate``.
+    ``rate``, when given, rescales the arrival times so that the mean rate is ``rate``;
+    ``hash_block_size`` is the tokens each row's prefix hashes cover.
     """
     notes = tuple(notes)
     if any(rows[i][0] < rows[i - 1][0] for i in range(1, len(rows))):
@@ -113,6 +115,7 @@ def assemble(
             decode_len=decode,
             arrival_time=t - t0,
             prefix_hashes=hashes,
+            hash_block_size=hash_block_size,
         )
         for t, line, prompt, decode, hashes in rows
     )

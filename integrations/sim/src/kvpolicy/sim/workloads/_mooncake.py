@@ -182,4 +182,4 @@ def load_mooncake(
     rows: list[Row] = [
         (t, ln, pr, de, h) for (t, ln, pr, de, _), h in zip(parsed, hashes, strict=True)
     ]
-    return assemble(p.stem, rows, log, source=log.path, rate=rate)
+    return assemble(p.stem, rows, log, source=log.path, rate=rate, hash_block_size=block_size)

@@ -151,6 +151,7 @@ def generate(config: SyntheticConfig, seed: int = 0) -> Workload:
         if config.prefix is not None
         else [()] * n
     )
+    hash_block = config.prefix.block_size if config.prefix is not None else 16
     counters = [0] * len(tenants)
     requests: list[Request] = []
     for t, i, (p, d), h in zip(
@@ -166,6 +167,7 @@ def generate(config: SyntheticConfig, seed: int = 0) -> Workload:
                 tenant=tenant.name,
                 priority=tenant.request_priority,
                 prefix_hashes=h,
+                hash_block_size=hash_block,
             )
         )
         counters[i] += 1
