@@ -62,6 +62,7 @@ __all__ = [
     "Group",
     "ParamSpec",
     "RegistryError",
+    "RegistryTypeError",
     "ServerContext",
     "build",
     "describe",
@@ -75,6 +76,10 @@ _CONTEXT = "context"
 
 class RegistryError(KVModelError, ValueError):
     """An unknown implementation name, or params its factory rejects (both named)."""
+
+
+class RegistryTypeError(RegistryError, TypeError):
+    """A param of the wrong type: a :class:`RegistryError` that is also a ``TypeError``."""
 
 
 @frozen
@@ -322,7 +327,9 @@ def build(
         obj = factory(cls(**raw), **kwargs) if cls is not None else factory(**raw, **kwargs)
     except RegistryError:
         raise
-    except (TypeError, ValueError, KVModelError) as exc:
+    except TypeError as exc:
+        raise RegistryTypeError(f"{where}: {exc}") from exc
+    except (ValueError, KVModelError) as exc:
         raise RegistryError(f"{where}: {exc}") from exc
     if group.protocol is not None and not isinstance(obj, group.protocol):
         raise RegistryError(f"{where} does not implement {group.protocol.__name__}: {obj!r}")

@@ -270,8 +270,11 @@ class ResidencyLedger:
             held = self._streams.get(stream)
             if held is None or not len(pos):
                 continue
-            keep = ~np.isin(held.positions, pos, assume_unique=True)
-            dropped = int(len(held.positions) - keep.sum())
+            # Resident positions ascend and the evicted ones are among them: a binary
+            # search marks them (the same result as np.isin, without sorting both).
+            keep = np.ones(len(held.positions), dtype=np.bool_)
+            keep[np.searchsorted(held.positions, pos)] = False
+            dropped = len(pos)
             held.positions = held.positions[keep]
             self.resident_total -= dropped
             self.evicted += dropped

@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 
-from kvpolicy.sim.workloads._azure import AZURE_HEADER, load_azure
+from kvpolicy.kvmodel import WORKLOAD_FORMATS, RegistryError, build, names
+from kvpolicy.sim.workloads._azure import AZURE_HEADER
 from kvpolicy.sim.workloads._common import check_path
 from kvpolicy.sim.workloads._errors import TraceFormatError
-from kvpolicy.sim.workloads._lengths import find_length_columns, load_lengths
-from kvpolicy.sim.workloads._mooncake import load_mooncake
-from kvpolicy.sim.workloads._servegen import _CHUNK, load_servegen
+from kvpolicy.sim.workloads._lengths import find_length_columns
+from kvpolicy.sim.workloads._servegen import _CHUNK
 from kvpolicy.sim.workloads._workload import Workload
 
 __all__ = ["TRACE_FORMATS", "detect_format", "load_trace"]
 
-TRACE_FORMATS: tuple[str, ...] = ("azure", "lengths", "mooncake", "servegen")
-"""Formats :func:`load_trace` reads."""
+TRACE_FORMATS: tuple[str, ...] = names(WORKLOAD_FORMATS)
+"""Formats :func:`load_trace` reads: the ``kvpolicy.workload_formats`` entry points."""
+
+_DEFAULTS: dict[str, object] = {
+    "skip_bad": False,
+    "limit": None,
+    "block_size": 16,
+    "rate": None,
+    "seed": 0,
+    "start": 0.0,
+    "duration": None,
+}
 
 
 def detect_format(path: str | os.PathLike[str]) -> str:
@@ -102,37 +111,33 @@ def load_trace(
         ValueError: an unknown ``format`` (listing the known ones) or bad arguments.
     """
     p = check_path(path)
-    if isinstance(block_size, bool) or not isinstance(block_size, int):
-        raise TypeError(f"'block_size' must be int: {block_size!r}")
-    if block_size < 1:
-        raise ValueError(f"'block_size' must be >= 1: {block_size}")
     if not isinstance(skip_bad, bool):
         raise TypeError(f"'skip_bad' must be bool: {skip_bad!r}")
     if format is None:
         format = detect_format(p)
-    loaders: dict[str, Callable[[], Workload]] = {
-        "azure": lambda: load_azure(p, skip_bad=skip_bad, limit=limit, rate=rate),
-        "lengths": lambda: load_lengths(
-            p,
-            rate=rate,  # type: ignore[arg-type]  # None is rejected with a clear message
-            skip_bad=skip_bad,
-            limit=limit,
-            seed=seed,
-        ),
-        "mooncake": lambda: load_mooncake(
-            p, skip_bad=skip_bad, limit=limit, block_size=block_size, rate=rate
-        ),
-        "servegen": lambda: load_servegen(
-            p,
-            skip_bad=skip_bad,
-            limit=limit,
-            rate=rate,
-            seed=seed,
-            start=start,
-            duration=duration,
-        ),
-    }
-    loader = loaders.get(format) if isinstance(format, str) else None
-    if loader is None:
+    if not isinstance(format, str) or format not in TRACE_FORMATS:
         raise ValueError(f"unknown trace format {format!r}; known: {', '.join(TRACE_FORMATS)}")
-    return loader()
+    # Options left at their defaults are not passed, so that an option a format does not
+    # take is refused only when it is actually given.
+    given = {
+        k: v
+        for k, v in (
+            ("skip_bad", skip_bad),
+            ("limit", limit),
+            ("block_size", block_size),
+            ("rate", rate),
+            ("seed", seed),
+            ("start", start),
+            ("duration", duration),
+        )
+        if v != _DEFAULTS[k] or (k == "rate" and format == "lengths")
+    }
+    try:
+        workload = build(WORKLOAD_FORMATS, format, {"path": p, **given})
+    except RegistryError as exc:
+        # The loader's own error already names the file, line or argument.
+        if isinstance(exc.__cause__, TraceFormatError | TypeError | ValueError | OSError):
+            raise exc.__cause__ from None
+        raise
+    assert isinstance(workload, Workload)
+    return workload
