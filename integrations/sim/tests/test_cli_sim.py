@@ -48,7 +48,7 @@ class TestRun:
         """An unknown GPU is a usage error listing the known ones."""
         code, out = _invoke("sim", "run", *_ARGS, "--gpu", "B300")
         assert code == 2
-        assert "unknown gpu 'B300'; known: A100-40GB" in out
+        assert "Invalid value for '--gpu': 'B300' is not one of 'A100-40GB'" in out
 
     def test_unknown_stack_key(self, tmp_path: pathlib.Path) -> None:
         """A stack file with an unknown key names the key before anything runs."""
@@ -232,3 +232,60 @@ class TestFitTiming:
         assert code == 2
         assert "m.csv:3" in text
         assert not out.exists()
+
+
+class TestWorkloadSpec:
+    """One validated WorkloadSpec for run, compare and sweep: options that don't apply to
+    the chosen source are refused, naming the flag."""
+
+    _AZURE = "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:47.0000000,100,10\n"
+
+    def _azure(self, tmp_path: pathlib.Path) -> str:
+        p = tmp_path / "t.csv"
+        p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + self._AZURE)
+        return str(p)
+
+    @pytest.mark.parametrize("command", ["run", "compare"])
+    def test_trace_option_with_a_synthetic_workload(self, command: str) -> None:
+        """--limit (a trace option) with --workload is an error, not ignored."""
+        code, out = _invoke("sim", command, *_ARGS, "--gpu", "H100-SXM", "--limit", "5")
+        assert code == 2
+        assert "--limit only apply to --trace" in out
+
+    def test_num_requests_with_a_trace(self, tmp_path: pathlib.Path) -> None:
+        """--num-requests sizes synthetic workloads only."""
+        args = ["--trace", self._azure(tmp_path), "--model", "Llama-3-8B", "--gpu", "H100-SXM"]
+        code, out = _invoke("sim", "run", *args, "--num-requests", "5")
+        assert code == 2
+        assert "--num-requests only applies to --workload" in out
+
+    def test_option_the_format_does_not_take(self, tmp_path: pathlib.Path) -> None:
+        """--start is a servegen option: an Azure trace refuses it and says what it takes."""
+        args = ["--trace", self._azure(tmp_path), "--model", "Llama-3-8B", "--gpu", "H100-SXM"]
+        code, out = _invoke("sim", "run", *args, "--start", "10")
+        assert code == 2
+        assert "--start does not apply to a azure trace; it takes --limit, --rate" in out
+
+    def test_lengths_trace_needs_rate_named_as_a_flag(self, tmp_path: pathlib.Path) -> None:
+        """A lengths trace without --rate says --rate, not the Python parameter."""
+        p = tmp_path / "l.csv"
+        p.write_text("prompt_len,decode_len\n100,20\n50,10\n")
+        args = ["--trace", str(p), "--model", "Llama-3-8B", "--gpu", "H100-SXM"]
+        code, out = _invoke("sim", "run", *args)
+        assert code == 2
+        assert "--rate" in out
+        assert "'rate'" not in out
+
+    def test_rate_retimes_a_synthetic_workload(self) -> None:
+        """--rate applies to a synthetic workload too (its arrivals are re-timed)."""
+        code, out = _invoke("sim", "run", *_ARGS, "--gpu", "H100-SXM", "--rate", "5", "--json")
+        assert code == 0, out
+        (run,) = json.loads(out)["runs"]
+        assert run["summary"]["requests"] == 60
+
+    def test_help_lists_choices_and_defaults(self) -> None:
+        """--help lists the workloads, formats, models and the stack presets."""
+        code, out = _invoke("sim", "run", "--help")
+        assert code == 0
+        for text in ("multi-tenant", "mooncake", "Llama-3-8B", "kvpolicy", "[default: vllm]"):
+            assert text in out

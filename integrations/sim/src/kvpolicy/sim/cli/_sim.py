@@ -14,8 +14,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvpolicy.kvmodel import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, get_gpu, get_model
+from kvpolicy.sim._sweep import EXECUTORS as EXECUTOR_NAMES
+from kvpolicy.sim.cli._workload import WorkloadSpec, workload_options
 
-__all__ = ["group", "load_workload", "progress_bar"]
+__all__ = ["group", "progress_bar"]
 
 _ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, FileNotFoundError)
 
@@ -49,44 +51,6 @@ def progress_bar(
         yield update
 
 
-def load_workload(
-    workload: str | None,
-    trace: pathlib.Path | None,
-    fmt: str | None,
-    *,
-    skip_bad: bool = False,
-    limit: int | None = None,
-    rate: float | None = None,
-    block_size: int = 16,
-    num_requests: int | None = None,
-    seed: int = 0,
-) -> Any:
-    """A :class:`~kvpolicy.sim.workloads.Workload` from a name or a trace file."""
-    from kvpolicy.sim import workloads as wl
-
-    if (workload is None) == (trace is None):
-        raise click.UsageError("give exactly one of --workload NAME or --trace PATH")
-    if trace is not None:
-        w = wl.load_trace(
-            trace,
-            fmt,
-            skip_bad=skip_bad,
-            limit=limit,
-            block_size=block_size,
-            rate=rate,
-            seed=seed,
-        )
-        if w.skipped_rows:
-            click.echo(f"skipped {w.skipped_rows} malformed rows of {trace}", err=True)
-        return w
-    assert workload is not None
-    if workload not in wl.WORKLOAD_NAMES:
-        raise click.UsageError(
-            f"unknown workload {workload!r}; known: {', '.join(wl.WORKLOAD_NAMES)}"
-        )
-    return wl.get_workload(workload, seed=seed, num_requests=num_requests)
-
-
 def _specs(model: str, gpu: str) -> tuple[ModelSpec, GPUSpec]:
     try:
         return get_model(model), get_gpu(gpu)
@@ -94,33 +58,19 @@ def _specs(model: str, gpu: str) -> tuple[ModelSpec, GPUSpec]:
         raise click.UsageError(str(exc)) from exc
 
 
-def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    options = [
-        click.option("--workload", default=None, help="Workload name (e.g. multi-tenant)."),
-        click.option(
-            "--trace",
-            type=click.Path(path_type=pathlib.Path, exists=True),
-            default=None,
-            help="Trace file (a folder for servegen) to replay.",
-        ),
-        click.option(
-            "--format",
-            "fmt",
-            type=click.Choice(["azure", "mooncake", "lengths", "servegen"]),
-            default=None,
-            help="Trace format (default: detected).",
-        ),
-        click.option("--skip-bad", is_flag=True, help="Skip malformed trace rows (counted)."),
-        click.option("--limit", type=int, default=None, help="Read at most this many rows."),
-        click.option("--rate", type=float, default=None, help="Re-time arrivals to this req/s."),
-        click.option("--num-requests", type=int, default=None, help="Synthetic workload size."),
-        click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--model", required=True, help=f"One of: {', '.join(MODEL_PRESETS)}"),
-        click.option("--gpu", required=True, help=f"One of: {', '.join(GPU_PRESETS)}"),
-    ]
-    for opt in reversed(options):
-        f = opt(f)
-    return f
+def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option(
+        "--gpu", type=click.Choice(list(GPU_PRESETS)), required=True, help="The accelerator."
+    )(f)
+    return click.option(
+        "--model", type=click.Choice(list(MODEL_PRESETS)), required=True, help="The model served."
+    )(f)
+
+
+_STACK_HELP = (
+    "A preset (vllm: vLLM's defaults; kvpolicy: every kvpolicy package) or a YAML stack file."
+)
+_REPORT_HELP = "Write an HTML report (tables, plots, JSON) into this directory."
 
 
 def _run_stacks(
@@ -166,19 +116,15 @@ def _emit(results: list[Any], report: pathlib.Path | None, as_json: bool, title:
 
 
 @group.command("run")
-@_workload_options
-@click.option("--stack", default="vllm", show_default=True, help="Preset name or YAML file.")
-@click.option("--report", type=click.Path(path_type=pathlib.Path, file_okay=False), default=None)
+@workload_options
+@_model_options
+@click.option("--stack", default="vllm", show_default=True, help=_STACK_HELP)
+@click.option(
+    "--report", type=click.Path(path_type=pathlib.Path, file_okay=False), help=_REPORT_HELP
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run(
-    workload: str | None,
-    trace: pathlib.Path | None,
-    fmt: str | None,
-    skip_bad: bool,
-    limit: int | None,
-    rate: float | None,
-    num_requests: int | None,
-    seed: int,
+    spec: WorkloadSpec,
     model: str,
     gpu: str,
     stack: str,
@@ -186,44 +132,26 @@ def run(
     as_json: bool,
 ) -> None:
     """Simulate one policy stack on a workload or a trace."""
-    _compare_stacks(
-        (stack,),
-        workload,
-        trace,
-        fmt,
-        skip_bad,
-        limit,
-        rate,
-        num_requests,
-        seed,
-        model,
-        gpu,
-        report,
-        as_json,
-    )
+    _compare_stacks((stack,), spec, model, gpu, report, as_json)
 
 
 @group.command("compare")
-@_workload_options
+@workload_options
+@_model_options
 @click.option(
     "--stack",
     "stacks",
     multiple=True,
     default=("vllm", "kvpolicy"),
     show_default=True,
-    help="Preset name or YAML file; repeat for each stack.",
+    help=_STACK_HELP + " Repeat for each stack.",
 )
-@click.option("--report", type=click.Path(path_type=pathlib.Path, file_okay=False), default=None)
+@click.option(
+    "--report", type=click.Path(path_type=pathlib.Path, file_okay=False), help=_REPORT_HELP
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def compare(
-    workload: str | None,
-    trace: pathlib.Path | None,
-    fmt: str | None,
-    skip_bad: bool,
-    limit: int | None,
-    rate: float | None,
-    num_requests: int | None,
-    seed: int,
+    spec: WorkloadSpec,
     model: str,
     gpu: str,
     stacks: tuple[str, ...],
@@ -231,33 +159,12 @@ def compare(
     as_json: bool,
 ) -> None:
     """Simulate several policy stacks on one workload, side by side."""
-    _compare_stacks(
-        stacks,
-        workload,
-        trace,
-        fmt,
-        skip_bad,
-        limit,
-        rate,
-        num_requests,
-        seed,
-        model,
-        gpu,
-        report,
-        as_json,
-    )
+    _compare_stacks(stacks, spec, model, gpu, report, as_json)
 
 
 def _compare_stacks(
     stacks: tuple[str, ...],
-    workload: str | None,
-    trace: pathlib.Path | None,
-    fmt: str | None,
-    skip_bad: bool,
-    limit: int | None,
-    rate: float | None,
-    num_requests: int | None,
-    seed: int,
+    spec: WorkloadSpec,
     model: str,
     gpu: str,
     report: pathlib.Path | None,
@@ -270,19 +177,12 @@ def _compare_stacks(
     m, g = _specs(model, gpu)
     try:
         cfgs = [get_stack(s) for s in stacks]
-        w = load_workload(
-            workload,
-            trace,
-            fmt,
-            skip_bad=skip_bad,
-            limit=limit,
-            rate=rate,
-            # Prefix hashes at the finest block size of the stacks; each engine re-chunks.
-            block_size=math.gcd(*(c.engine.block_size for c in cfgs)),
-            num_requests=num_requests,
-            seed=seed,
-        )
-        results = _run_stacks(cfgs, w, m, g, console, not as_json, seed)
+    except _ERRORS as exc:
+        raise click.UsageError(str(exc)) from exc
+    # Prefix hashes at the finest block size of the stacks; each engine re-chunks them.
+    w = spec.load(math.gcd(*(c.engine.block_size for c in cfgs)))
+    try:
+        results = _run_stacks(cfgs, w, m, g, console, not as_json, spec.seed)
     except _ERRORS as exc:
         raise click.UsageError(str(exc)) from exc
     _emit(results, report, as_json, f"{w.name}: {m.name} on {g.name}")
@@ -298,8 +198,9 @@ def _parse_param(text: str) -> tuple[str, list[Any]]:
 
 
 @group.command("sweep")
-@_workload_options
-@click.option("--stack", default="vllm", show_default=True, help="Base stack: preset or file.")
+@workload_options
+@_model_options
+@click.option("--stack", default="vllm", show_default=True, help="Base stack. " + _STACK_HELP)
 @click.option(
     "--param",
     "params",
@@ -307,18 +208,17 @@ def _parse_param(text: str) -> tuple[str, list[Any]]:
     required=True,
     help="section.field=v1,v2,... (repeat for a grid), e.g. engine.max_batch=64,128.",
 )
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
-@click.option("--workers", type=int, default=None, help="Local processes (default: CPUs).")
+@click.option(
+    "--executor",
+    type=click.Choice(list(EXECUTOR_NAMES)),
+    default="local",
+    show_default=True,
+    help="local: processes on this machine; ray: a Ray cluster (extra 'ray').",
+)
+@click.option("--workers", type=int, default=None, help="Local processes.  [default: CPUs]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def sweep_cmd(
-    workload: str | None,
-    trace: pathlib.Path | None,
-    fmt: str | None,
-    skip_bad: bool,
-    limit: int | None,
-    rate: float | None,
-    num_requests: int | None,
-    seed: int,
+    spec: WorkloadSpec,
     model: str,
     gpu: str,
     stack: str,
@@ -336,17 +236,10 @@ def sweep_cmd(
     grid = dict(_parse_param(p) for p in params)
     try:
         cfg = get_stack(stack)
-        w = load_workload(
-            workload,
-            trace,
-            fmt,
-            skip_bad=skip_bad,
-            limit=limit,
-            rate=rate,
-            block_size=cfg.engine.block_size,
-            num_requests=num_requests,
-            seed=seed,
-        )
+    except _ERRORS as exc:
+        raise click.UsageError(str(exc)) from exc
+    w = spec.load(cfg.engine.block_size)
+    try:
         points = sweep(
             w.requests,
             m.name,
