@@ -10,18 +10,25 @@ import attrs
 from attrs import field, frozen
 from attrs.validators import instance_of, min_len, optional
 
+from kvpolicy import tenancy as _classes
 from kvpolicy.sim.workloads._lengthdist import LengthDistribution
 
 __all__ = ["SERVICE_CLASSES", "TenantSpec", "is_lengths"]
 
-SERVICE_CLASSES: MappingProxyType[str, int] = MappingProxyType(
-    {"dedicated": 3, "guaranteed": 3, "elastic": 2, "spot": 1, "preemptible": 0}
-)
-"""Seed 004's five service classes and the ``Request.priority`` each maps to.
 
-The order is seed 004's protection order (Table 1: weights 1000, 1000, 100, 1, 0.1):
-dedicated and guaranteed are never shrunk, elastic may be, spot is throttled first and
-preemptible may be evicted.
+def _priorities() -> MappingProxyType[str, int]:
+    # The rank of each class's base weight among kvpolicy-tenancy's classes (seed 004
+    # Table 1: 1000, 1000, 100, 1, 0.1), so that the order is tenancy's, not a second table.
+    weights = sorted({c.weight for c in _classes.SERVICE_CLASSES.values()})
+    return MappingProxyType(
+        {name: weights.index(c.weight) for name, c in _classes.SERVICE_CLASSES.items()}
+    )
+
+
+SERVICE_CLASSES: MappingProxyType[str, int] = _priorities()
+"""Seed 004's five service classes (kvpolicy-tenancy's) and the ``Request.priority`` each
+maps to: the rank of the class's base weight, so dedicated and guaranteed (never shrunk)
+rank above elastic (may be), spot (throttled first) and preemptible (may be evicted).
 """
 
 
