@@ -207,6 +207,11 @@ class Engine:
         rejected = self.check_fits(reqs)
         return self._loop(reqs, arrivals, rejected, progress, max_time)
 
+    def too_long(self, requests: Sequence[Request]) -> NDArray[np.bool_]:
+        """(n,) bool requests longer than the model's context (rejected whatever the pool)."""
+        ctx = self._timing.model.max_context
+        return np.fromiter((r.total_len > ctx for r in requests), np.bool_, count=len(requests))
+
     def _loop(
         self,
         reqs: tuple[Request, ...],
@@ -216,7 +221,7 @@ class Engine:
         max_time: float | None,
     ) -> RunRecord:
         cfg, tm, stack = self._cfg, self._timing, self._stack
-        rec = Recorder(reqs, rejected)
+        rec = Recorder(reqs, rejected, rejected & self.too_long(reqs))
         pool = BlockPool(
             self._capacity // cfg.block_size,
             cfg.block_size,

@@ -70,6 +70,9 @@ class RunRecord:
     """(n,) int64 times the gateway denied each request (HTTP 429)."""
     gave_up: NDArray[np.bool_]
     """(n,) bool requests whose client stopped retrying after ``max_retries`` denials."""
+    rejected_context: NDArray[np.bool_] | None = None
+    """(n,) bool rejected requests longer than the model's context (the others among
+    ``rejected`` did not fit in the KV pool); None when not recorded."""
     tier_hit_tokens: int = 0
     """Prompt tokens loaded from the tiers below HBM instead of recomputed."""
     tier_load_s: float = 0.0
@@ -82,12 +85,19 @@ class Recorder:
     Args:
         requests: the workload, in arrival order.
         rejected: (n,) bool requests that can never run.
+        rejected_context: (n,) bool those of them longer than the model's context.
     """
 
-    def __init__(self, requests: tuple[Request, ...], rejected: NDArray[np.bool_]) -> None:
+    def __init__(
+        self,
+        requests: tuple[Request, ...],
+        rejected: NDArray[np.bool_],
+        rejected_context: NDArray[np.bool_] | None = None,
+    ) -> None:
         n = len(requests)
         self.requests = requests
         self.rejected = rejected
+        self.rejected_context = rejected_context
         self.first_token = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
         self.first_admitted = np.full(n, np.nan)
@@ -143,6 +153,7 @@ class Recorder:
             first_admitted=self.first_admitted,
             preemptions=self.preemptions,
             rejected=self.rejected,
+            rejected_context=self.rejected_context,
             series_time=series[:, 0].copy(),
             series_kv_tokens=series[:, 1].astype(np.int64),
             series_resident=series[:, 2].astype(np.int64),

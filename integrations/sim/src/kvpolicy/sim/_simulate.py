@@ -34,6 +34,8 @@ class SimResult:
     """The figures."""
     record: RunRecord
     """The raw per-request times and time series (for plots)."""
+    notes: tuple[str, ...] = ()
+    """What the workload's loader noted (fallbacks, rows fixed or skipped, pooled clients)."""
 
 
 def server_capacity(
@@ -148,6 +150,7 @@ def simulate(
     attention: AttentionModel | None = None,
     progress: ProgressFn | None = None,
     seed: int = 0,
+    notes: Sequence[str] = (),
 ) -> SimResult:
     """Serve ``requests`` on ``model``/``gpu`` with the policy stack ``config``.
 
@@ -163,6 +166,7 @@ def simulate(
         attention: synthetic attention model for token eviction.
         progress: called as ``progress(done, total)``.
         seed: seed of the synthetic attention scores.
+        notes: the workload's notes, carried into the result (and its reports).
 
     Raises:
         ConfigError: an unknown policy, or no request fits in memory (before anything runs).
@@ -178,4 +182,5 @@ def simulate(
         gpu=gpu.name,
         summary=summarize(record, cfg.slo, gpu),
         record=record,
+        notes=tuple(notes),
     )

@@ -50,7 +50,16 @@ def demo(model: str, gpu: str, num_requests: int, seed: int, report: pathlib.Pat
     for cfg in stacks:
         with progress_bar(console, f"{cfg.name:9s}") as update:
             results.append(
-                simulate(w.requests, m, g, cfg, workload_name=w.name, progress=update, seed=seed)
+                simulate(
+                    w.requests,
+                    m,
+                    g,
+                    cfg,
+                    workload_name=w.name,
+                    progress=update,
+                    seed=seed,
+                    notes=w.notes,
+                )
             )
     console.print(
         comparison_table(

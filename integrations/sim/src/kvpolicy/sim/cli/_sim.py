@@ -97,6 +97,7 @@ def _run_stacks(
                     cfg,
                     workload_name=w.name,
                     progress=update,
+                    notes=w.notes,
                     seed=seed,
                 )
             )
