@@ -322,3 +322,15 @@ class TestTiers:
         cfg = self._cfg("redis")
         with pytest.raises(ConfigError, match="known: none, tiered"):
             simulate([kit.request(0)], tm.model, tm.gpu, cfg, timing=tm)
+
+
+class TestServerContext:
+    def test_rate_ignores_requests_that_cannot_run(self, tm: TimingModel) -> None:
+        """One row of 10^12 output tokens (longer than any context) does not size the
+        gateway: the rate comes from the requests that can run."""
+        eng = EngineConfig(kv_capacity_tokens=65536, max_batch=64)
+        reqs = [Request(f"r{i}", 1024, 256, 0.0) for i in range(200)]
+        huge = Request("huge", 1024, 10**12, 0.0)
+        plain = server_context(reqs, tm, eng).tokens_per_s
+        assert server_context([*reqs, huge], tm, eng).tokens_per_s == plain
+        assert plain == server_capacity(tm, eng, 65536, 1024, 256)

@@ -62,15 +62,29 @@ def server_capacity(
     return (p + d) / (d * decode / batch + prefill)
 
 
+def _typical_lengths(requests: Sequence[Request], limit: int) -> tuple[float, float]:
+    """Mean prompt and output length of the requests that can run (at most ``limit``
+    tokens), with the longest 1% left out so that a few huge rows don't set the rate."""
+    fits = sorted(
+        (r.total_len, r.prompt_len, r.decode_len) for r in requests if r.total_len <= limit
+    )
+    if not fits:
+        return 1024.0, 256.0
+    keep = fits[: max(1, len(fits) - len(fits) // 100)]
+    return (
+        sum(p for _, p, _ in keep) / len(keep),
+        sum(d for _, _, d in keep) / len(keep),
+    )
+
+
 def server_context(
     requests: Sequence[Request], timing: TimingModel, engine: EngineConfig
 ) -> ServerContext:
     """The server a stack's gateway and tiers are built for: ``timing``'s model on its GPU
-    with ``engine``'s pool, serving ``requests`` (their mean lengths size the rate)."""
+    with ``engine``'s pool, serving ``requests``: the typical lengths of those that can run
+    (the longest 1% aside) size its sustained tokens per second."""
     capacity = pool_capacity_tokens(timing, engine)
-    n = max(len(requests), 1)
-    prompt = sum(r.prompt_len for r in requests) / n if requests else 1024.0
-    output = sum(r.decode_len for r in requests) / n if requests else 256.0
+    prompt, output = _typical_lengths(requests, min(timing.model.max_context, capacity))
     return ServerContext(
         model=timing.model,
         block_size=engine.block_size,

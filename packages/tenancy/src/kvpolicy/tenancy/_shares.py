@@ -11,7 +11,13 @@ the server's :class:`~kvpolicy.kvmodel.ServerContext`. Give either
       tenants:
         chat:      {service_class: guaranteed, share: 0.3, slo_target_s: 2.0}
         long-tail: {service_class: spot, share: 0.1, burst_share: 0.5}
-      default: {service_class: spot, share: 0.1}   # tenants not named (optional)
+      default: {service_class: spot, share: 0.1}   # each tenant not named (optional)
+
+  or ``default: split``: the tenants of the workload (the context's requests) that are not
+  named share, equally and as ``elastic`` tenants that may burst into the whole pool, what
+  the named tenants present in the workload do not reserve, so the shares never sum above
+  the capacity: a workload whose requests carry no tenant tag is one tenant that owns the
+  whole pool. (A live gateway that knows no workload gives every unknown tenant the rest.)
 
 The pool's capacity is the server's: its KV pool in bytes, ``max_batch`` sequences and its
 sustained tokens per second (``tokens_per_s`` overrides the context's). An entitlement's
@@ -77,10 +83,30 @@ def _share_entitlement(
     )
 
 
+def _split(named: dict[str, object], context: ServerContext) -> tuple[dict[str, object], float]:
+    """The named tenants plus one elastic entitlement per unnamed tenant of the workload,
+    sharing what the named tenants present reserve; and that rest."""
+    present = {r.tenant for r in context.requests}
+    if present:
+        named = {t: spec for t, spec in named.items() if t in present}
+    reserved = 0.0
+    for t, spec in named.items():
+        share = spec.get("share") if isinstance(spec, Mapping) else None
+        reserved += _fraction(f"tenants.{t}.share", share)
+    rest = max(0.0, 1.0 - reserved)
+    unnamed = sorted(present - set(named))
+    out = dict(named)
+    if unnamed and rest > 0:
+        each = rest / len(unnamed)
+        for t in unnamed:
+            out[t] = {"service_class": "elastic", "share": each}
+    return out, rest
+
+
 def token_pool_gateway(
     manifest: str | Mapping[str, object] | None = None,
     tenants: Mapping[str, object] | None = None,
-    default: Mapping[str, object] | None = None,
+    default: Mapping[str, object] | str | None = None,
     tokens_per_s: float | None = None,
     window_s: float | None = None,
     update_interval_s: float | None = None,
@@ -94,7 +120,8 @@ def token_pool_gateway(
     Args:
         manifest: a manifest file path or mapping (absolute units).
         tenants: tenant name -> share spec (see the module docstring).
-        default: share spec of tenants not named (optional).
+        default: share spec of each tenant not named, or ``"split"`` (see the module
+            docstring), or None (tenants not named are denied).
         tokens_per_s: the server's sustained tokens/s (default: the context's).
         window_s: :class:`GateConfig` ``window_s`` (None: its default); likewise
             ``update_interval_s``, ``min_retry_s``, ``max_retry_s``.
@@ -129,19 +156,31 @@ def token_pool_gateway(
         kv_bytes=context.kv_capacity_tokens * context.model.kv_bytes_per_token(),
         concurrency=context.max_batch,
     )
+    if isinstance(default, str) and default != "split":
+        raise ValueError(f"'default' must be a share mapping or 'split': {default!r}")
+    fallback = None
     if manifest is not None:
+        if default == "split":
+            raise ValueError("'default: split' needs 'tenants' (shares), not a manifest")
         source = pathlib.Path(manifest) if isinstance(manifest, str) else manifest
         pool = load_manifest(source)
     else:
-        assert tenants is not None
-        if not isinstance(tenants, Mapping) or not tenants:
-            raise ValueError(f"'tenants' must be a non-empty mapping: {tenants!r}")
+        if not isinstance(tenants, Mapping):
+            raise ValueError(f"'tenants' must be a mapping: {tenants!r}")
+        specs = {str(k): v for k, v in tenants.items()}
+        if default == "split":
+            specs, rest = _split(specs, context)
+            if rest > 0 and not context.requests:
+                fallback = _share_entitlement(
+                    "default", {"service_class": "elastic", "share": rest}, capacity, "default"
+                )
+        if not specs:
+            raise ValueError(f"'tenants' must name at least one tenant: {tenants!r}")
         ents = [
-            _share_entitlement(str(name), spec, capacity, f"tenants.{name}")
-            for name, spec in tenants.items()
+            _share_entitlement(name, spec, capacity, f"tenants.{name}")
+            for name, spec in specs.items()
         ]
         pool = TokenPool(name=context.model.name, capacity=capacity, entitlements=ents)
-    fallback = None
-    if default is not None:
+    if isinstance(default, Mapping):
         fallback = _share_entitlement("default", default, capacity, "default")
     return TokenPoolGate(pool, context.model, config=config, default_entitlement=fallback)
