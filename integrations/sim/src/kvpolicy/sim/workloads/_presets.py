@@ -84,6 +84,10 @@ def _multi_tenant() -> SyntheticConfig:
         arrivals=AZURE_CONV_ARRIVALS,
         lengths=AZURE_CONV_QUANTILES,
         tenants=tenants,
+        # Each tenant's requests share its system prompt, and a conversation's next turn
+        # re-sends its history (Mooncake's measured reuse), so prefix caching and the tiers
+        # below HBM have work to do.
+        prefix=MOONCAKE_CONV_PREFIX,
     )
 
 
