@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import overload
 
 import attrs
 import numpy as np
@@ -35,6 +36,35 @@ from kvpolicy.sim._seq import Seq, WaitingView
 from kvpolicy.sim._timing import TimingModel
 
 __all__ = ["Batch"]
+
+
+class _LazyViews(Sequence[SequenceView]):
+    """The running batch's views, built when a policy first reads them."""
+
+    __slots__ = ("_batch", "_now", "_views")
+
+    def __init__(self, batch: Batch, now: float) -> None:
+        self._batch = batch
+        self._now = now
+        self._views: tuple[SequenceView, ...] | None = None
+
+    def _get(self) -> tuple[SequenceView, ...]:
+        if self._views is None:
+            self._views = self._batch.views(self._now)
+        return self._views
+
+    def __len__(self) -> int:
+        return len(self._batch.running) if self._views is None else len(self._views)
+
+    @overload
+    def __getitem__(self, i: int) -> SequenceView: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[SequenceView]: ...
+    def __getitem__(self, i: int | slice) -> SequenceView | Sequence[SequenceView]:
+        return self._get()[i]
+
+    def __iter__(self) -> Iterator[SequenceView]:
+        return iter(self._get())
 
 
 class Batch:
@@ -174,7 +204,7 @@ class Batch:
             time=now,
             used_tokens=min(self.used_tokens(), self._pool.num_blocks * self._bs),
             capacity_tokens=self._pool.num_blocks * self._bs,
-            running=self.views(now),
+            running=_LazyViews(self, now),
         )
         n = self._admission.admit(state, WaitingView(self.waiting))
         if isinstance(n, bool) or not isinstance(n, int | np.integer):

@@ -113,6 +113,11 @@ class EvictionConfig:
     a policy makes under its budget. A request that lives between two rounds is never shown
     to the policy. 512 iterations (about 3 s of decode for an 8B model) keeps the policy
     calls to a few per request; the cost of a round grows with the batch."""
+    idle_rounds: bool = field(default=True, validator=instance_of(bool))
+    """Run the interval's rounds while resident tokens are well under the budget. False
+    runs rounds only within a quarter of the budget (or when the budget would be passed):
+    far cheaper when memory is plentiful, and no policy evicts by its own rule meanwhile;
+    the attention accumulated since a stream's last round is observed at once."""
     evict_ahead: int = _int(0, 16)
     """Iterations of KV growth a round leaves room for below the budget (at most a quarter
     of the budget), so that rounds under memory pressure come every ``evict_ahead``

@@ -40,19 +40,26 @@ STACK_PRESETS: dict[str, StackConfig] = {
             },
         ),
         admission=AdmissionConfig(name="greedy"),
-        eviction=EvictionConfig(name="token-pd", params={"keep_rule": False}, budget_fraction=0.9),
+        eviction=EvictionConfig(
+            name="token-pd",
+            params={"keep_rule": False},
+            budget_fraction=0.9,
+            idle_rounds=False,
+        ),
         preemption=PreemptionConfig(name="least-progressed-first"),
         tiers=TiersConfig(name="tiered", params={"dram_gib": 64}),
     ),
 }
 """``vllm``: admit while blocks last, last-in preemption by recomputation, no token
-eviction, prefix caching on in HBM only (vLLM's defaults). ``kvpolicy``: every package:
-a token-pool gateway (seed 004) with the multi-tenant workload's five tenants (any other
-tenant gets an elastic 20% share) and clients that retry three times after each
-Retry-After; rate-limited admission (seed 002 §5.1) estimating the length mix online from
-completions (kvpolicy-admit's default window); Token-PD eviction to half the pool (seed
-000); least-progressed-first preemption; 64 GiB of DRAM below HBM's prefix cache (seed
-003)."""
+eviction, prefix caching on in HBM only (vLLM's defaults). ``kvpolicy``: every package,
+adapted to the workload: a token-pool gateway (seed 004) in which the multi-tenant
+workload's five tenants keep their entitlements and every other tenant of the workload gets
+an equal elastic share of what they don't reserve (an untagged trace is one tenant owning
+the whole pool), its clients retrying three times after each Retry-After; greedy admission
+(seed 002's one-step check; its rate-limited admission delays requests on real traces, see
+integrations/sim/RESULTS.md); Token-PD (seed 000) holding resident tokens to 90% of the pool
+only under pressure (no eviction while the pool has room); least-progressed-first
+preemption; 64 GiB of DRAM below HBM's prefix cache (seed 003)."""
 
 
 def get_stack(name_or_path: str | pathlib.Path) -> StackConfig:

@@ -78,23 +78,39 @@ class _Attention:
     """The synthetic attention model as the ledger's source: one heavy-hitter score per
     position of each request, drawn when the request first joins."""
 
-    def __init__(self, model: AttentionModel, seed: int) -> None:
+    def __init__(self, model: AttentionModel, seed: int, *, lazy: bool = False) -> None:
         self._model = model
         self._rng = np.random.default_rng(seed)
+        self._lazy = lazy
+        self._lengths: dict[str, int] = {}
         self._z: dict[str, NDArray[np.float64]] = {}
         # z_cum[k] = sum(z[:k]): the heavy-hitter mass of the first k positions, for the
         # model's normaliser in O(1).
         self._z_cum: dict[str, NDArray[np.float64]] = {}
 
     def ensure(self, stream: str, total_len: int) -> None:
-        if stream not in self._z:
-            z = self._model.token_scores(self._rng, total_len)
-            self._z[stream] = z
-            self._z_cum[stream] = np.concatenate(([0.0], np.cumsum(z)))
+        """Scores for ``stream``: drawn now, or (lazy) at its first signal or attention."""
+        if stream in self._z:
+            return
+        if self._lazy:
+            self._lengths[stream] = total_len
+        else:
+            self._draw(stream, total_len)
+
+    def _draw(self, stream: str, total_len: int) -> NDArray[np.float64]:
+        z = self._model.token_scores(self._rng, total_len)
+        self._z[stream] = z
+        self._z_cum[stream] = np.concatenate(([0.0], np.cumsum(z)))
+        return z
+
+    def _scores(self, stream: str) -> NDArray[np.float64]:
+        z = self._z.get(stream)
+        return z if z is not None else self._draw(stream, self._lengths.pop(stream))
 
     def forget(self, stream: str) -> None:
         self._z.pop(stream, None)
         self._z_cum.pop(stream, None)
+        self._lengths.pop(stream, None)
 
     def signals(
         self, stream: str, positions: NDArray[np.int64], length: int
@@ -103,16 +119,17 @@ class _Attention:
         heavy-hitter attention the model expects it to draw from a query at ``length``,
         without the recency and sink terms that fade or do not apply."""
         am = self._model
+        z = self._scores(stream)
         n = max(length, 1)
         norm = am.normaliser(n, float(self._z_cum[stream][n]))
-        out: NDArray[np.float64] = (am.body_weight(n) * self._z[stream][positions] / norm)[:, None]
+        out: NDArray[np.float64] = (am.body_weight(n) * z[positions] / norm)[:, None]
         return out
 
     def attention(
         self, stream: str, positions: NDArray[np.int64], length: int
     ) -> tuple[NDArray[np.float64], float]:
         am = self._model
-        w = am.weights(positions, length, self._z[stream])
+        w = am.weights(positions, length, self._scores(stream))
         return w, am.normaliser(length, float(self._z_cum[stream][length]))
 
 
@@ -137,13 +154,14 @@ class Evicting:
         seed: int,
         pool: BlockPool,
     ) -> None:
-        self._attention = _Attention(attention, seed)
+        self._attention = _Attention(attention, seed, lazy=not config.idle_rounds)
         self._ledger = ResidencyLedger(
             policy,
             budget,
             self._attention,
             interval=config.interval,
             evict_ahead=config.evict_ahead,
+            idle_rounds=config.idle_rounds,
         )
         self._pool = pool
         self.budget: int | None = budget

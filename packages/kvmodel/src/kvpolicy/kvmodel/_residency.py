@@ -62,9 +62,10 @@ class AttentionSource(Protocol):
 
 
 class _Stream:
-    __slots__ = ("inserted", "observed_at", "positions")
+    __slots__ = ("held", "inserted", "observed_at", "positions")
 
     def __init__(self, step: int) -> None:
+        self.held = 0  # written tokens of a suspended stream never reported
         self.inserted = 0
         self.observed_at = step
         self.positions: NDArray[np.int64] = _EMPTY
@@ -80,6 +81,11 @@ class ResidencyLedger:
         interval: most iterations between two rounds (>= 1).
         evict_ahead: iterations of growth a round leaves room for (at most a quarter of the
             budget), so that under pressure rounds come every ``evict_ahead`` iterations.
+        idle_rounds: run the cadence's rounds while resident tokens are well under the
+            budget (True), or only once they come within one round's headroom of it
+            (False: far cheaper when memory is plentiful; tokens that join meanwhile are
+            reported at the next round, and a policy then sees the attention accumulated
+            since its last round at once).
 
     Raises:
         TypeError / ValueError: a bad argument, named.
@@ -93,6 +99,7 @@ class ResidencyLedger:
         *,
         interval: int = 512,
         evict_ahead: int = 16,
+        idle_rounds: bool = True,
     ) -> None:
         if not isinstance(policy, EvictionPolicy):
             raise TypeError(f"'policy' must implement EvictionPolicy: {policy!r}")
@@ -107,8 +114,11 @@ class ResidencyLedger:
                 raise TypeError(f"'{name}' must be int: {value!r}")
             if value < low:
                 raise ValueError(f"'{name}' must be >= {low}: {value}")
+        if not isinstance(idle_rounds, bool):
+            raise TypeError(f"'idle_rounds' must be bool: {idle_rounds!r}")
         self._policy = policy
         self._source = source
+        self._idle_rounds = idle_rounds
         self._streams: dict[str, _Stream] = {}
         self.budget = budget
         """Most tokens resident after a round."""
@@ -163,13 +173,29 @@ class ResidencyLedger:
     def due(self, step: int, growth: int) -> bool:
         """Whether a round must run before an iteration at ``step`` adding ``growth``
         tokens: the cadence is due, or the growth would pass the budget."""
-        return step >= self.next_round or self.resident_now + growth > self.budget
+        need = self.resident_now + growth
+        if need > self.budget:
+            return True
+        if step < self.next_round:
+            return False
+        return self._idle_rounds or need > self._calm_limit
 
     def steps_free(self, step: int, batch: int) -> int:
         """Decode iterations of ``batch`` streams that can run from ``step`` before the next
         round is due (at least 1)."""
+        b = max(batch, 1)
         room = self.budget - self.resident_now
-        return min(max(1, self.next_round - step), max(1, room // max(batch, 1)))
+        cadence = max(1, self.next_round - step)
+        if not self._idle_rounds:
+            calm = self._calm_limit - self.resident_now
+            if calm > 0:  # no round is due before the calm ends, whatever the cadence
+                return max(1, calm // b)
+        return min(cadence, max(1, room // b))
+
+    @property
+    def _calm_limit(self) -> int:
+        """Without idle rounds, the cadence applies above this many resident tokens."""
+        return self.budget - self.budget // 4
 
     # ---------------------------------------------------------------- lifecycle
     def open(self, stream: str, step: int, written: int = 0) -> None:
@@ -178,8 +204,10 @@ class ResidencyLedger:
         if stream in self._streams:
             raise KVModelError(f"stream {stream!r} is already open")
         self._streams[stream] = _Stream(step)
-        if written:
+        if written and self._idle_rounds:
             self.report(stream, written, from_pending=False)
+        else:
+            self.pending += written  # reported at the next round
 
     def wrote(self, tokens: int) -> None:
         """``tokens`` new positions were written across the open streams."""
@@ -201,14 +229,24 @@ class ResidencyLedger:
     def suspend(self, stream: str, written: int) -> None:
         """The stream leaves the batch keeping its KV elsewhere (swapped out): its tokens
         leave the policy and the budget, its positions are remembered for :meth:`resume`."""
+        s = self._streams[stream]
+        if not self._idle_rounds and not s.inserted:
+            # Never reported: nothing to take back from the policy.
+            self.pending -= written
+            s.held = written
+            return
         self.report(stream, written)
         self._policy.remove(stream)
-        self.resident_total -= len(self._streams[stream].positions)
+        self.resident_total -= len(s.positions)
 
     def resume(self, stream: str, step: int) -> None:
         """A suspended stream returns at ``step`` with the positions it had."""
         s = self._streams[stream]
         s.observed_at = step
+        if s.held:
+            self.pending += s.held
+            s.held = 0
+            return
         if len(s.positions):
             self._policy.insert(
                 stream, s.positions, self._source.signals(stream, s.positions, s.inserted)
@@ -218,6 +256,10 @@ class ResidencyLedger:
     def drop(self, stream: str, written: int) -> None:
         """The stream loses its KV (preempted for recomputation); it may :meth:`open`
         again."""
+        if not self._idle_rounds and not self._streams[stream].inserted:
+            self._streams.pop(stream)
+            self.pending -= written
+            return
         self.report(stream, written)
         self._policy.remove(stream)
         s = self._streams.pop(stream)

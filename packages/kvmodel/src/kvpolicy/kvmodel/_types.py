@@ -7,7 +7,7 @@ They are frozen, slotted attrs classes validated when built: a wrong type raises
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import attrs
 from attrs import field, frozen
@@ -27,7 +27,11 @@ def _hashes(value: Iterable[int]) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _views(value: Iterable[SequenceView]) -> tuple[SequenceView, ...]:
+def _views(value: Iterable[SequenceView]) -> Sequence[SequenceView]:
+    # A tuple, or a read-only Sequence an engine builds on first access (building every
+    # view at every iteration costs more than a policy that never reads them saves).
+    if isinstance(value, tuple) or (isinstance(value, Sequence) and not isinstance(value, list)):
+        return value
     return tuple(value)
 
 
@@ -126,8 +130,8 @@ class SchedulerState:
     """KV tokens resident now."""
     capacity_tokens: int = field(validator=[instance_of(int), ge(1)])
     """KV tokens that fit (the hard budget)."""
-    running: tuple[SequenceView, ...] = field(default=(), converter=_views)
-    """The running batch."""
+    running: Sequence[SequenceView] = field(default=(), converter=_views)
+    """The running batch (a tuple, or a read-only sequence built when first read)."""
 
     @property
     def free_tokens(self) -> int:
