@@ -386,7 +386,24 @@ class BlockPool:
             return False
         if cow:
             self.copy_on_write(request_id, len(table) - 1)
-        ids = list(token_ids) if token_ids is not None else None
+        if token_ids is None:
+            # The hot path of a serving loop: fill the last block's free slots, then take
+            # the new blocks in one pop and set their fill counts by arithmetic.
+            fill = self._fill
+            rest = num_tokens
+            if partial:
+                add = min(bs - have % bs, rest)
+                fill[table[-1]] += add
+                rest -= add
+            if new_blocks:
+                fresh = self._pop_many(new_blocks)
+                for b in fresh:
+                    fill[b] = bs
+                fill[fresh[-1]] = rest - (new_blocks - 1) * bs
+                table.extend(fresh)
+            self._tokens[request_id] = have + num_tokens
+            return True
+        ids = list(token_ids)
         written = 0
         pos = have
         while written < num_tokens:
