@@ -5,10 +5,14 @@ Figures (seconds of ``simulate``, wall-clock and CPU, workload loading excluded)
 - ``azure_full_stack_s`` (and ``_cpu_s``): the 19,366-request Azure conversation trace (one hour) on
   Llama-3-8B / H100-SXM with the kvpolicy stack (every part whose package is installed);
   ``azure_baseline_s`` the vLLM-like stack in the same run, and their ratio.
-- ``cpu_us_per_request[n]``: CPU microseconds per simulated request of the kvpolicy stack
-  on ``n`` requests of the calibrated ``azure-conv-like`` synthetic workload,
-  n = 10^3 .. 10^5 (10^3 .. 10^4 with ``--quick``); ``flatness`` is the cost at the
-  largest n over the cost at the smallest (1.0 = perfectly flat).
+- ``azure_baseline_us_per_request``: the vLLM-like stack's CPU microseconds per request on
+  that trace, and ``vidur_ratio``: how many times faster that is than Vidur's published
+  ~100 s per 10,000 requests on a CPU of this class (10 ms per request; not measured here).
+- ``cpu_us_per_request[stack][workload][n]``: CPU microseconds per simulated request of each
+  stack on ``n`` requests of the calibrated ``azure-conv-like`` workload and of an
+  overloaded one (the same at 3x its rate: the batch always full), n = 10^3 .. 10^5
+  (10^3 .. 10^4 with ``--quick``); ``flatness[stack][workload]`` is the largest cost over
+  the smallest (1.0 = perfectly flat).
 
 Run: ``python benchmarks/bench_sim.py [--quick] [--out DIR]``.
 """
@@ -65,6 +69,8 @@ def main() -> None:
             azure_full_stack_s=round(full_s, 3),
             azure_full_stack_cpu_s=round(full_cpu, 3),
             azure_full_over_baseline=round(full_cpu / base_cpu, 3),
+            azure_baseline_us_per_request=round(1e6 * base_cpu / len(trace.requests), 1),
+            vidur_ratio=round(10_000.0 / (1e6 * base_cpu / len(trace.requests)), 1),
             azure_completed=res.summary.completed,
         )
         print(
@@ -74,14 +80,27 @@ def main() -> None:
     else:
         figures["azure_skipped"] = f"trace not found at {TRACE}"
     sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
-    per_request: dict[str, float] = {}
-    for n in sizes:
-        w = get_workload("azure-conv-like", seed=0, num_requests=n)
-        secs, cpu, _ = _time(w.requests, full)
-        per_request[str(n)] = round(1e6 * cpu / n, 2)
-        print(f"{n:>7,} requests: {secs:.1f} s ({cpu:.1f} s CPU), {1e6 * cpu / n:.0f} us CPU each")
+    per_request: dict[str, dict[str, dict[str, float]]] = {}
+    flatness: dict[str, dict[str, float]] = {}
+    for stack_name in ("vllm", "kvpolicy"):
+        per_request[stack_name] = {}
+        flatness[stack_name] = {}
+        for load, factor in (("azure-conv-like", 1.0), ("overloaded-3x", 3.0)):
+            costs: dict[str, float] = {}
+            for n in sizes:
+                w = get_workload("azure-conv-like", seed=0, num_requests=n)
+                if factor != 1.0:
+                    w = w.with_rate(factor * w.mean_rate)
+                secs, cpu, _ = _time(w.requests, STACK_PRESETS[stack_name])
+                costs[str(n)] = round(1e6 * cpu / n, 2)
+                print(
+                    f"{stack_name:9s} {load:16s} {n:>7,} requests: {secs:.1f} s "
+                    f"({cpu:.1f} s CPU), {1e6 * cpu / n:.0f} us CPU each"
+                )
+            per_request[stack_name][load] = costs
+            flatness[stack_name][load] = round(max(costs.values()) / min(costs.values()), 3)
     figures["cpu_us_per_request"] = per_request
-    figures["flatness"] = round(per_request[str(sizes[-1])] / per_request[str(sizes[0])], 3)
+    figures["flatness"] = flatness
     write_result("sim", figures, args.out)
 
 
