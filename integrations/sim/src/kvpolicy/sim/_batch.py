@@ -324,6 +324,25 @@ class Batch:
             gone.add(id(s))
         self.running = [s for s in self.running if id(s) not in gone]
 
+    def abort(self, s: Seq) -> bool:
+        """Drop ``s`` wherever it is (its client went away): its blocks and its place in the
+        eviction ledger are given back. Returns False when it was not in the batch."""
+        if s in self.waiting:  # holds no blocks (a preempted request gave them back)
+            self.waiting.remove(s)
+            return True
+        if s in self.swapped:
+            self.swapped.remove(s)
+            self._swap_used -= s.pool_tokens
+            self._res.resume(s, 0)  # back in the ledger's accounts, to be closed
+            self._res.close(s)
+            return True
+        if s in self.running:
+            self.running.remove(s)
+            self._pool.free(s.rid)
+            self._res.close(s)
+            return True
+        return False
+
     def blocks_for(self, seqs: Sequence[Seq], k: int) -> int:
         """Blocks ``seqs`` need to grow by ``k`` tokens each."""
         bs = self._bs

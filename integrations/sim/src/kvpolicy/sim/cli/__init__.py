@@ -16,7 +16,7 @@ __all__ = ["main"]
 _GROUPS = ("kv", "admit", "evict", "sim")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.version_option(package_name="kvpolicy-sim", prog_name="kvpolicy")
 def main() -> None:
     """kvpolicy: KV-cache memory policies for LLM serving."""
@@ -29,6 +29,8 @@ for _name in _GROUPS:
 _sim = importlib.import_module("kvpolicy.sim.cli._sim")
 _fit = importlib.import_module("kvpolicy.sim.cli._fit")
 _sim.group.add_command(_fit.fit_attention_cmd, name="fit-attention")
+_backend = importlib.import_module("kvpolicy.sim.cli._backend")
+_sim.group.add_command(_backend.backend_cmd, name="backend")
 
 _demo = importlib.import_module("kvpolicy.sim.cli._demo")
 main.add_command(_demo.demo, name="demo")

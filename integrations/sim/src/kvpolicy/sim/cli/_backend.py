@@ -1,0 +1,73 @@
+"""``kvpolicy sim backend``: a simulated OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import click
+
+from kvpolicy.kvmodel import GPU_PRESETS, MODEL_PRESETS
+
+__all__ = ["backend_cmd"]
+
+
+@click.command("backend")
+@click.option("--model", type=click.Choice(list(MODEL_PRESETS)), default="Llama-3-8B")
+@click.option("--gpu", type=click.Choice(list(GPU_PRESETS)), default="H100-SXM")
+@click.option(
+    "--stack",
+    default="vllm",
+    help="The server's policies: a preset or a YAML stack file (its gateway is not used: "
+    "put `kvpolicy tenancy serve` in front instead).",
+)
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, help="Port to listen on.")
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    help="Simulated seconds per wall-clock second.",
+)
+def backend_cmd(model: str, gpu: str, stack: str, host: str, port: int, speed: float) -> None:
+    """Serve the OpenAI API from a simulated GPU server (no GPU needed).
+
+    Requests are queued, batched and streamed at the pace of the simulator's time model
+    under the load they bring; the generated text is placeholder words.
+    """
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise click.UsageError(
+            "the backend needs Starlette and uvicorn: pip install 'kvpolicy-sim[backend]'"
+        ) from exc
+    import attrs
+
+    from kvpolicy.kvmodel import get_gpu, get_model
+    from kvpolicy.sim import (
+        ConfigError,
+        GatewayConfig,
+        TimingModel,
+        build_stack,
+        get_stack,
+        server_context,
+    )
+    from kvpolicy.sim.backend import LiveEngine, create_app
+
+    try:
+        cfg = get_stack(stack)
+        tm = TimingModel(get_model(model), get_gpu(gpu), **cfg.timing.constants())
+        server = attrs.evolve(cfg, gateway=GatewayConfig())
+        built = build_stack(server, server_context([], tm, cfg.engine))
+        engine = LiveEngine(
+            tm,
+            cfg.engine,
+            built,
+            eviction_config=cfg.eviction,
+            preemption_config=cfg.preemption,
+            attention=cfg.attention.build(),
+            speed=speed,
+        )
+    except (ConfigError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    click.echo(
+        f"simulated {model} on {gpu} ({cfg.name} stack) at http://{host}:{port}/v1", err=True
+    )
+    uvicorn.run(create_app(engine, model), host=host, port=port, log_level="warning")
