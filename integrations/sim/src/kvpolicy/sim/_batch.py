@@ -346,7 +346,13 @@ class Batch:
     def blocks_for(self, seqs: Sequence[Seq], k: int) -> int:
         """Blocks ``seqs`` need to grow by ``k`` tokens each."""
         bs = self._bs
-        return sum(-(-(s.pool_tokens + k) // bs) - (-(-s.pool_tokens // bs)) for s in seqs)
+        # Block j of a sequence is needed once it holds token j*bs: growing from p tokens to
+        # p + k needs ceil((p + k) / bs) - ceil(p / bs) new blocks.
+        need = 0
+        for s in seqs:
+            p = s.pool_tokens
+            need += (p + k + bs - 1) // bs - (p + bs - 1) // bs
+        return need
 
     def grow(self, s: Seq, k: int) -> None:
         """Add ``k`` tokens of KV to ``s``. The pool is told a block at a time: it records

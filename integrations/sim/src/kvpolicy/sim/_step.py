@@ -150,8 +150,13 @@ class Step:
         self.step += k
         self._res.wrote(len(run) * k)
         finished: list[Seq] = []
+        grow = batch.grow
         for s in run:
-            batch.grow(s, k)
+            new = s.pool_tokens + k
+            if new > s.pool_reserved:
+                grow(s, k)  # crosses into blocks the pool has not recorded yet
+            else:
+                s.pool_tokens = new
             s.generated += k
             if s.generated >= s.req.decode_len:
                 finished.append(s)
