@@ -272,3 +272,15 @@ class TestPrefixHashBlockSize:
         req = Request("r", 64, 4, prefix_hashes=(1, 2, 3, 4), hash_block_size=16)
         with pytest.raises(ConfigError, match="not a multiple of the prefix hashes' block size"):
             Engine(tm, EngineConfig(block_size=24, kv_capacity_tokens=4800)).run([req])
+
+
+class TestFinishSteps:
+    def test_finish_step_counts_iterations(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """A lone request of prompt P and D outputs finishes after one prefill iteration
+        and D - 1 decode iterations; the last iteration of the run is the last finish."""
+        rec = Engine(tm, kit.engine(4096)).run(
+            [kit.request(0, 100, 10), kit.request(1, 50, 3, 5.0)]
+        )
+        assert rec.finish_step is not None
+        assert rec.finish_step.tolist() == [10, 13]
+        assert int(rec.finish_step.max()) == rec.iterations

@@ -248,8 +248,8 @@ class Engine:
         door = FrontDoor(reqs, arrivals, rec, stack.gate, self._gw_cfg)
         observer = batch.observer
 
-        def on_finish(s: Seq, now: float) -> None:
-            rec.finished(s.idx, now)
+        def on_finish(s: Seq, now: float, iteration: int) -> None:
+            rec.finished(s.idx, now, iteration)
             door.release(s.req, now)
             if observer is not None:
                 observer.observe_completion(s.req, now)

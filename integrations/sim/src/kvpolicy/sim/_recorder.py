@@ -70,6 +70,9 @@ class RunRecord:
     """(n,) int64 times the gateway denied each request (HTTP 429)."""
     gave_up: NDArray[np.bool_]
     """(n,) bool requests whose client stopped retrying after ``max_retries`` denials."""
+    finish_step: NDArray[np.int64] | None = None
+    """(n,) int64 iterations done when each request finished (-1 if it never did); for
+    comparing the order of completions with another scheduler step by step."""
     rejected_context: NDArray[np.bool_] | None = None
     """(n,) bool rejected requests longer than the model's context (the others among
     ``rejected`` did not fit in the KV pool); None when not recorded."""
@@ -102,6 +105,7 @@ class Recorder:
         self.finish = np.full(n, np.nan)
         self.first_admitted = np.full(n, np.nan)
         self.preemptions = np.zeros(n, dtype=np.int64)
+        self.finish_step = np.full(n, -1, dtype=np.int64)
         self.denials = np.zeros(n, dtype=np.int64)
         self.gave_up = np.zeros(n, dtype=np.bool_)
         self.recomputed = 0
@@ -123,9 +127,11 @@ class Recorder:
         if math.isnan(self.first_token[idx]):
             self.first_token[idx] = now
 
-    def finished(self, idx: int, now: float) -> None:
-        """Request ``idx`` finished."""
+    def finished(self, idx: int, now: float, iteration: int | None = None) -> None:
+        """Request ``idx`` finished at ``now``, after ``iteration`` iterations."""
         self.finish[idx] = now
+        if iteration is not None:
+            self.finish_step[idx] = iteration
         self.done += 1
 
     def sample(self, now: float, kv: int, resident: int, running: int, waiting: int) -> None:
@@ -154,6 +160,7 @@ class Recorder:
             preemptions=self.preemptions,
             rejected=self.rejected,
             rejected_context=self.rejected_context,
+            finish_step=self.finish_step,
             series_time=series[:, 0].copy(),
             series_kv_tokens=series[:, 1].astype(np.int64),
             series_resident=series[:, 2].astype(np.int64),

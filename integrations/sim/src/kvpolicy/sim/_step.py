@@ -32,7 +32,8 @@ class Step:
         timing: the roofline time model.
         batch: the batch it advances.
         residency: token residency (eviction rounds before an iteration that needs room).
-        on_finish: called with each request that produced its last token, at ``now``.
+        on_finish: called with each request that produced its last token, the time and the
+            iteration count at its end.
     """
 
     def __init__(
@@ -41,7 +42,7 @@ class Step:
         timing: TimingModel,
         batch: Batch,
         residency: Residency,
-        on_finish: Callable[[Seq, float], None],
+        on_finish: Callable[[Seq, float, int], None],
     ) -> None:
         self._token_budget = config.token_budget
         self._max_macro = config.max_macro_steps
@@ -164,5 +165,5 @@ class Step:
 
     def _finish(self, finished: list[Seq]) -> None:
         for s in finished:
-            self._on_finish(s, self.now)
+            self._on_finish(s, self.now, self.step)
         self._batch.retire(finished)

@@ -150,7 +150,7 @@ class LiveEngine:
         """Requests submitted and not finished (waiting, running or swapped)."""
         return len(self._clients)
 
-    def _finished(self, s: Seq, now: float) -> None:
+    def _finished(self, s: Seq, now: float, iteration: int) -> None:
         self._rec.finished(s.idx, now)
         observer = self._batch.observer
         if observer is not None:
