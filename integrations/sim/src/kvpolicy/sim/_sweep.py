@@ -148,7 +148,7 @@ def sweep(
         remote = ray.remote(_run_point)
         ref = ray.put(reqs)
         futures = [
-            remote.remote(ref, model_name, gpu_name, c, p, workload_name)  # type: ignore[arg-type]
+            remote.remote(ref, model_name, gpu_name, c, p, workload_name)  # type: ignore[arg-type, unused-ignore]
             for c, p in zip(configs, points, strict=True)
         ]
         return list(ray.get(futures))

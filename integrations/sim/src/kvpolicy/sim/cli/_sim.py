@@ -104,16 +104,34 @@ def _run_stacks(
     return results
 
 
-def _emit(results: list[Any], report: pathlib.Path | None, as_json: bool, title: str) -> None:
+def _emit(
+    results: list[Any],
+    report: pathlib.Path | None,
+    as_json: bool,
+    title: str,
+    configs: Sequence[Any] | None = None,
+) -> None:
+    """Print the runs (a table and what happened, or one JSON document) and write the
+    report; the workload's notes and the runs' warnings also go to stderr."""
+    from rich.text import Text
+
     from kvpolicy.sim import comparison_table, results_json, write_report
 
+    doc = results_json(results, configs)
+    for note in dict.fromkeys(n for r in results for n in r.notes):
+        click.echo(f"note: {note}", err=True)
     if as_json:
-        click.echo(json.dumps(results_json(results)))
+        click.echo(json.dumps(doc))
     else:
-        Console().print(comparison_table(results, title=title))
+        console = Console()
+        console.print(comparison_table(results, title=title))
+        console.print(Text(f"What happened: {doc['what_happened']}"))
+    for run in doc["runs"]:
+        for warning in run["warnings"]:
+            click.echo(f"warning: {run['stack']}: {warning}", err=True)
     if report is not None:
-        path = write_report(results, report)
-        click.echo(f"report: {path}", err=as_json)
+        path = write_report(results, report, configs=configs)
+        click.echo(f"report: {path.resolve()}", err=as_json)
 
 
 @group.command("run")
@@ -186,7 +204,7 @@ def _compare_stacks(
         results = _run_stacks(cfgs, w, m, g, console, not as_json, spec.seed)
     except _ERRORS as exc:
         raise click.UsageError(str(exc)) from exc
-    _emit(results, report, as_json, f"{w.name}: {m.name} on {g.name}")
+    _emit(results, report, as_json, f"{w.name}: {m.name} on {g.name}", cfgs)
 
 
 def _parse_param(text: str) -> tuple[str, list[Any]]:
