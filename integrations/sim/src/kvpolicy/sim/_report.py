@@ -9,18 +9,22 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import pathlib
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
 from kvpolicy.sim._config import StackConfig
 from kvpolicy.sim._simulate import SimResult
 from kvpolicy.sim._story import describe_stack, run_warnings, what_happened
+from kvpolicy.sim._sweep import SweepPoint
 
 __all__ = [
     "comparison_table",
@@ -29,6 +33,7 @@ __all__ = [
     "plot_memory",
     "plot_tenant_shares",
     "results_json",
+    "sweep_tables",
     "write_report",
 ]
 
@@ -264,6 +269,92 @@ def comparison_table(results: Sequence[SimResult], title: str | None = None) -> 
                 f" {label}", *(_cell(r, key) for r in results), end_section=i == len(rows) - 1
             )
     return table
+
+
+_SWEEP_TABLES: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
+    (
+        "where every request ended",
+        (
+            ("goodput\nreq/s", ("goodput_rps",)),
+            ("SLO\nattain.", ("slo_attainment",)),
+            ("arrived", ("requests",)),
+            ("completed", ("completed",)),
+            ("rejected\nctx/KV", ("rejected_context", "rejected_memory")),
+            ("gave up\n(429s)", ("gave_up", "gate_denials")),
+        ),
+    ),
+    (
+        "latency of completed requests, memory, cost",
+        (
+            ("goodput\ntok/s", ("goodput_tps",)),
+            ("TTFT\np99 s", ("ttft.p99",)),
+            ("E2E\np95 s", ("e2e.p95",)),
+            ("peak KV\nGiB", ("peak_kv_gib",)),
+            ("preemp-\ntions", ("preemptions",)),
+            ("$ per 1k\ncompleted", ("cost_per_1k_completed_usd",)),
+        ),
+    ),
+)
+"""Per table: its title and columns, each a header and the figures it shows (a second
+figure joins as ``a/b`` or, for 429s, ``a (b)``)."""
+
+
+def _sweep_cell(summary: dict[str, Any], keys: tuple[str, ...]) -> str:
+    values = [_fmt(_summary_value(summary, k)) for k in keys]
+    if len(values) == 1:
+        return values[0]
+    return f"{values[0]} ({values[1]})" if keys[1] == "gate_denials" else "/".join(values)
+
+
+def _short_header(key: str, width: int = 10) -> str:
+    """``key`` broken into lines of at most ``width`` characters after a dot or an
+    underscore, so a long ``section.field`` needs a narrow column."""
+    lines = [""]
+    for part in re.split(r"(?<=[._])", key):
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return "\n".join(lines)
+
+
+def _summary_value(summary: dict[str, Any], key: str) -> float:
+    """A figure of :meth:`Summary.as_dict` (None, a NaN, is NaN)."""
+    if key == "peak_kv_gib":
+        return float(summary["peak_kv_bytes"]) / 2**30
+    group, _, stat = key.partition(".")
+    v = summary[group][stat] if stat else summary[key]
+    return math.nan if v is None else float(v)
+
+
+def sweep_tables(
+    points: Sequence[SweepPoint], keys: Sequence[str], title: str
+) -> tuple[Table, Table]:
+    """Two rich tables of a sweep, one row per point, each led by the grid's parameters
+    and goodput, narrow enough for 80 columns: where every request ended (arrived,
+    completed, rejected by reason, gave up, 429s), then latency of completed requests,
+    memory and cost."""
+    tables = []
+    for part, columns in _SWEEP_TABLES:
+        # Two spaces between columns and none at the edges: six figures and two
+        # parameters fit 80 columns.
+        table = Table(
+            title=f"{title}: {part}",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            padding=(0, 1, 0, 0),
+        )
+        for key in keys:
+            table.add_column(Text(_short_header(key)), overflow="fold")
+        for label, _ in columns:
+            table.add_column(label, justify="right", overflow="fold")
+        for p in points:
+            table.add_row(
+                *(Text(str(p.params[k])) for k in keys),
+                *(_sweep_cell(p.summary, figures) for _, figures in columns),
+            )
+        tables.append(table)
+    return tables[0], tables[1]
 
 
 def glossary() -> tuple[tuple[str, str], ...]:

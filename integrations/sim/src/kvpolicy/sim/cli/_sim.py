@@ -247,8 +247,6 @@ def sweep_cmd(
     as_json: bool,
 ) -> None:
     """Simulate a grid of stack parameters on local processes or on Ray."""
-    from rich.table import Table
-
     from kvpolicy.sim import get_stack, sweep
 
     m, g = _specs(model, gpu)
@@ -275,28 +273,37 @@ def sweep_cmd(
         ) from exc
     except _ERRORS as exc:
         raise click.UsageError(str(exc)) from exc
+    from kvpolicy.sim._report import sweep_tables
+    from kvpolicy.sim._sweep import unchanged_parameters
+
+    unchanged = unchanged_parameters(points, cfg)
+    for note in w.notes:
+        click.echo(f"note: {note}", err=True)
     if as_json:
-        click.echo(
-            json.dumps({"points": [{"params": p.params, "summary": p.summary} for p in points]})
-        )
-        return
-    table = Table(title=f"sweep on {w.name}: {m.name} on {g.name}", title_justify="left")
-    for key in grid:
-        table.add_column(key)
-    for col in ("req/s", "TTFT p99 (s)", "E2E p95 (s)", "peak KV (GiB)", "preemptions", "SLO"):
-        table.add_column(col, justify="right")
+        doc = {
+            "points": [
+                {"params": p.params, "summary": p.summary, "warnings": list(p.warnings)}
+                for p in points
+            ],
+            "notes": list(w.notes),
+            "warnings": unchanged,
+        }
+        click.echo(json.dumps(doc))
+    else:
+        console = Console()
+        for table in sweep_tables(points, list(grid), f"sweep on {w.name}: {m.name} on {g.name}"):
+            console.print(table)
+    # The same warning at several points is printed once, with the points it holds at.
+    at: dict[str, list[str]] = {}
     for p in points:
-        s = p.summary
-        table.add_row(
-            *(str(p.params[k]) for k in grid),
-            f"{s['throughput_rps']:.2f}",
-            f"{(s['ttft']['p99'] or 0):.3f}",
-            f"{(s['e2e']['p95'] or 0):.3f}",
-            f"{s['peak_kv_bytes'] / 2**30:.2f}",
-            f"{s['preemptions']:,}",
-            f"{s['slo_attainment']:.3f}",
-        )
-    Console().print(table)
+        label = ",".join(f"{k}={v}" for k, v in p.params.items())
+        for warning in p.warnings:
+            at.setdefault(warning, []).append(label)
+    for warning, labels in at.items():
+        where = "every point" if len(labels) == len(points) else "; ".join(labels)
+        click.echo(f"warning: [{where}] {warning}", err=True)
+    for warning in unchanged:
+        click.echo(f"warning: {warning}", err=True)
 
 
 @group.command("fit-timing")
