@@ -76,11 +76,15 @@ class TestDescribeStack:
         )
         parts = dict(describe_stack(cfg))
         assert parts["gateway"] == (
-            "token-pool (tenants=x, y; default=split); a denied client retries after each "
-            "Retry-After and gives up after 4 429s"
+            "token-pool (tenants=x, y; default=split): admits each request or answers 429 "
+            "with a Retry-After; a denied client retries and gives up after 4 429s"
         )
-        assert parts["eviction"] == "token-pd: resident tokens held to 50% of the KV pool"
-        assert parts["preemption"] == "least-progressed-first, by swap"
+        assert parts["eviction"] == (
+            "token-pd: drops tokens of running requests to hold resident KV to 50% of the pool"
+        )
+        assert parts["preemption"] == (
+            "least-progressed-first: picks whom to preempt when blocks run out, by swap"
+        )
         assert parts["engine"].startswith("16-token blocks, prefix caching off")
         assert parts["engine"].endswith("a 4,096-token KV pool")
 

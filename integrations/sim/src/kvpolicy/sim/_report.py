@@ -261,7 +261,7 @@ def comparison_table(results: Sequence[SimResult], title: str | None = None) -> 
     )
     table.add_column("figure", overflow="fold")
     for r in results:
-        table.add_column(Text(r.stack), justify="right", overflow="fold")
+        table.add_column(Text(_short_header(r.stack, 12)), justify="right", overflow="fold")
     for section, rows in _rows(results):
         table.add_row(f"[bold]{section}[/]", *("" for _ in results))
         for i, (key, label, _) in enumerate(rows):
@@ -307,10 +307,11 @@ def _sweep_cell(summary: dict[str, Any], keys: tuple[str, ...]) -> str:
 
 
 def _short_header(key: str, width: int = 10) -> str:
-    """``key`` broken into lines of at most ``width`` characters after a dot or an
-    underscore, so a long ``section.field`` needs a narrow column."""
+    """``key`` broken into lines of at most ``width`` characters after a dot, an
+    underscore, a bracket, a comma or an equals sign, so a long ``section.field`` or
+    ``stack[section.field=value]`` needs a narrow column."""
     lines = [""]
-    for part in re.split(r"(?<=[._])", key):
+    for part in re.split(r"(?<=[._\[,=])", key):
         if lines[-1] and len(lines[-1]) + len(part) > width:
             lines.append("")
         lines[-1] += part

@@ -64,32 +64,34 @@ def describe_stack(config: StackConfig) -> tuple[tuple[str, str], ...]:
     gateway = (
         "none: every request enters"
         if gw.name == "none"
-        else f"{_named(gw.name, gw.params)}; a denied client retries after each "
-        f"Retry-After and gives up after {gw.max_retries + 1} 429s"
+        else f"{_named(gw.name, gw.params)}: admits each request or answers 429 with a "
+        f"Retry-After; a denied client retries and gives up after {gw.max_retries + 1} 429s"
     )
     ad = c.admission
     admission = (
         "none: waiting requests join while KV blocks last"
         if ad.name == "none"
-        else _named(ad.name, ad.params)
+        else f"{_named(ad.name, ad.params)}: decides how many waiting requests join each iteration"
     )
     ev = c.eviction
     eviction = (
         "none: every token is kept"
         if ev.name == "none"
-        else f"{_named(ev.name, ev.params)}: resident tokens held to "
-        f"{ev.budget_fraction:.0%} of the KV pool"
+        else f"{_named(ev.name, ev.params)}: drops tokens of running requests to hold "
+        f"resident KV to {ev.budget_fraction:.0%} of the pool"
     )
     pre = c.preemption
     preemption = (
         f"none: the last admitted first, by {pre.mode} (vLLM)"
         if pre.name == "none"
-        else f"{_named(pre.name, pre.params)}, by {pre.mode}"
+        else f"{_named(pre.name, pre.params)}: picks whom to preempt when blocks run out, "
+        f"by {pre.mode}"
     )
     tiers = (
         "none: prefix blocks the GPU drops are lost (HBM prefix cache only)"
         if c.tiers.name == "none"
-        else f"{_named(c.tiers.name, c.tiers.params)}: dropped prefix blocks kept below HBM"
+        else f"{_named(c.tiers.name, c.tiers.params)}: keeps the prefix blocks HBM drops "
+        "below it (DRAM, disk) and loads them back on reuse"
     )
     en = c.engine
     pool = (
