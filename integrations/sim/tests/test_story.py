@@ -10,13 +10,13 @@ from kvpolicy.sim._story import describe_stack, run_warnings, what_happened
 
 
 class DenyTenant:
-    """A gate that answers every request of one tenant with a 429 (Retry-After 0.1 s)."""
+    """A gate that answers every request of some tenants with a 429 (Retry-After 0.1 s)."""
 
-    def __init__(self, tenant: str) -> None:
-        self.tenant = tenant
+    def __init__(self, *tenants: str) -> None:
+        self.tenants = tenants
 
     def check(self, request: Request, time: float) -> GateDecision:
-        if request.tenant == self.tenant:
+        if request.tenant in self.tenants:
             return GateDecision(admitted=False, retry_after=0.1, reason="test")
         return GateDecision(admitted=True)
 
@@ -117,6 +117,15 @@ class TestWarnings:
             "gateway's entitlements admit less than these tenants offer; raise their share "
             "in gateway.params, or let clients retry longer with gateway.max_retries"
         ]
+
+    def test_many_tenants_are_cut_to_the_top_five(self) -> None:
+        """Seven tenants that gave up: the five with most are named, the rest counted."""
+        reqs = [Request(f"r{i}", 100, 10, 0.01 * i, "abcdefgh"[i % 8]) for i in range(8 * 4)]
+        reqs += [Request("z", 100, 10, 1.0, "a")]
+        cfg = stack_from_dict({"gateway": {"max_retries": 0}}, name="gated")
+        result = _run(reqs, cfg, Stack(gate=DenyTenant(*"abcdefg")))
+        (warning,) = run_warnings(result, cfg)
+        assert "(a 5 of 5, b 4 of 4, c 4 of 4, d 4 of 4, e 4 of 4 and 2 more tenants)" in (warning)
 
     def test_one_percent_is_quiet(self) -> None:
         """One rejection in a hundred is no warning."""

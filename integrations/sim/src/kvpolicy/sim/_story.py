@@ -173,14 +173,19 @@ def _memory_hint(
     return hint + f"use {gpu}, or raise engine.gpu_memory_utilization"
 
 
-def _tenant_counts(s: Summary, key: str, of: bool = True) -> str:
-    """``tenant count[ of arrived]`` for the tenants with a non-zero ``key``, most first."""
+def _tenant_counts(s: Summary, key: str, of: bool = True, most: int = 5) -> str:
+    """``tenant count[ of arrived]`` for the ``most`` tenants with the largest non-zero
+    ``key``, and how many more there are."""
     rows = sorted(
         (t for t in s.tenants if getattr(t, key)), key=lambda t: (-getattr(t, key), t.tenant)
     )
-    return ", ".join(
-        f"{t.tenant} {getattr(t, key):,}" + (f" of {t.requests:,}" if of else "") for t in rows
+    text = ", ".join(
+        f"{t.tenant} {getattr(t, key):,}" + (f" of {t.requests:,}" if of else "")
+        for t in rows[:most]
     )
+    if len(rows) > most:
+        text += f" and {len(rows) - most:,} more tenants"
+    return text
 
 
 def _rejected(s: Summary) -> str:
