@@ -277,11 +277,16 @@ class TestWorkloadSpec:
         assert "'rate'" not in out
 
     def test_rate_retimes_a_synthetic_workload(self) -> None:
-        """--rate applies to a synthetic workload too (its arrivals are re-timed)."""
-        code, out = _invoke("sim", "run", *_ARGS, "--gpu", "H100-SXM", "--rate", "5", "--json")
-        assert code == 0, out
-        (run,) = json.loads(out)["runs"]
+        """--rate applies to a synthetic workload too (its arrivals are re-timed); the
+        workload's note goes to stderr and into the JSON on stdout."""
+        result = CliRunner().invoke(
+            main, ["sim", "run", *_ARGS, "--gpu", "H100-SXM", "--rate", "5", "--json"]
+        )
+        assert result.exit_code == 0, result.output
+        (run,) = json.loads(result.stdout)["runs"]
         assert run["summary"]["requests"] == 60
+        assert run["notes"][0].startswith("arrival times scaled by")
+        assert f"note: {run['notes'][0]}" in result.stderr
 
     def test_help_lists_choices_and_defaults(self) -> None:
         """--help lists the workloads, formats, models and the stack presets."""

@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from rich.console import Console
 
 from kvpolicy.kvmodel import Request
-from kvpolicy.sim import ConfigError, StackConfig, apply_params, expand_grid, sweep
+from kvpolicy.sim import (
+    ConfigError,
+    StackConfig,
+    SweepPoint,
+    apply_params,
+    expand_grid,
+    stack_from_dict,
+    sweep,
+)
+from kvpolicy.sim._report import sweep_tables
+from kvpolicy.sim._sweep import unchanged_parameters
+
+
+def _point(params: dict[str, Any], goodput: float) -> SweepPoint:
+    """A point whose figures are one goodput."""
+    return SweepPoint(params=params, summary={"goodput_rps": goodput})
 
 
 class TestGrid:
@@ -82,3 +100,110 @@ class TestCheckConfig:
 
         reqs = [Request("a", 9000, 10), Request("b", 10, 10)]
         assert check_config(reqs, get_model("Llama-3-8B"), get_gpu("H100-SXM"), StackConfig()) == 1
+
+
+class TestPointWarnings:
+    def test_rejections_are_warned_per_point(self) -> None:
+        """A point that rejects more than 1% of its requests carries the warning."""
+        reqs = [Request(f"r{i}", 9000 if i % 4 == 0 else 64, 8, 0.01 * i) for i in range(8)]
+        (point,) = sweep(
+            reqs, "Llama-3-8B", "H100-SXM", StackConfig(), {"engine.max_batch": [8]}, workers=1
+        )
+        assert point.summary["rejected_context"] == 2
+        assert len(point.warnings) == 1
+        assert point.warnings[0].startswith("2 of 8 requests (25.0%) exceed Llama-3-8B's")
+
+
+class TestUnchangedParameters:
+    def test_names_the_parameter_that_changed_nothing(self) -> None:
+        """Figures that vary with one parameter only: the other one is named."""
+        points = [
+            _point({"engine.max_batch": b, "engine.token_budget": t}, goodput=float(t))
+            for b in (8, 64)
+            for t in (512, 2048)
+        ]
+        assert unchanged_parameters(points, StackConfig()) == [
+            "sweep parameter 'engine.max_batch' changed nothing: every figure is the same at 8, 64"
+        ]
+
+    def test_a_section_that_is_none_is_named(self) -> None:
+        """A parameter of a section the stack does not use says which section is none."""
+        points = [_point({"eviction.budget_fraction": f}, 1.0) for f in (0.3, 0.6)]
+        assert unchanged_parameters(points, StackConfig()) == [
+            "sweep parameter 'eviction.budget_fraction' changed nothing: every figure is "
+            "the same at 0.3, 0.6; the stack's eviction section is 'none', so eviction.* is "
+            "unused: name one (eviction.name) in the stack or in the grid"
+        ]
+
+    def test_a_named_section_is_not_called_unused(self) -> None:
+        """With the section named, only the unchanged figures are reported; sweeping the
+        name itself is never called unused."""
+        base = stack_from_dict({"eviction": {"name": "h2o"}})
+        points = [_point({"eviction.budget_fraction": f}, 1.0) for f in (0.3, 0.6)]
+        assert unchanged_parameters(points, base) == [
+            "sweep parameter 'eviction.budget_fraction' changed nothing: every figure is "
+            "the same at 0.3, 0.6"
+        ]
+        points = [_point({"eviction.name": n}, 1.0) for n in ("none", "h2o")]
+        assert unchanged_parameters(points, StackConfig()) == [
+            "sweep parameter 'eviction.name' changed nothing: every figure is the same at "
+            "'none', 'h2o'"
+        ]
+
+    def test_quiet_when_every_parameter_matters(self) -> None:
+        """Figures that change with each parameter, or a single value, give no warning."""
+        points = [
+            _point({"engine.max_batch": b, "engine.token_budget": t}, goodput=float(b * t))
+            for b in (8, 64)
+            for t in (512, 2048)
+        ]
+        assert unchanged_parameters(points, StackConfig()) == []
+        assert unchanged_parameters([_point({"engine.max_batch": 8}, 1.0)], StackConfig()) == []
+        assert unchanged_parameters([], StackConfig()) == []
+
+    def test_a_real_sweep_of_an_unused_section(self) -> None:
+        """Sweeping Token-PD's budget on a stack without eviction is caught from the runs."""
+        reqs = [Request(f"r{i}", 64, 16, 0.01 * i) for i in range(6)]
+        grid = {"eviction.budget_fraction": [0.3, 0.6]}
+        points = sweep(reqs, "Llama-3-8B", "H100-SXM", StackConfig(), grid, workers=1)
+        (warning,) = unchanged_parameters(points, StackConfig())
+        assert warning.endswith(
+            "the stack's eviction section is 'none', so eviction.* is "
+            "unused: name one (eviction.name) in the stack or in the grid"
+        )
+
+
+class TestSweepTables:
+    def test_two_parameters_fit_80_columns(self) -> None:
+        """Both tables lead with the parameters and goodput, show where every request
+        ended, and fit 80 columns uncut."""
+        reqs = [Request(f"r{i}", 9000 if i == 0 else 64, 16, 0.01 * i) for i in range(6)]
+        grid = {"engine.max_batch": [2, 64], "eviction.budget_fraction": [0.3]}
+        points = sweep(reqs, "Llama-3-8B", "H100-SXM", StackConfig(), grid, workers=1)
+        console = Console(record=True, width=80)
+        for table in sweep_tables(points, list(grid), "sweep on w: Llama-3-8B on H100-SXM"):
+            console.print(table)
+        text = console.export_text()
+        assert "…" not in text
+        assert max(len(line) for line in text.splitlines()) <= 80
+        lines = text.splitlines()
+        rule = next(i for i, ln in enumerate(lines) if "───" in ln)
+        assert [ln.split() for ln in lines[rule - 3 : rule]] == [
+            ["eviction."],
+            ["engine.", "budget_", "goodput", "SLO", "rejected", "gave", "up"],
+            [
+                "max_batch",
+                "fraction",
+                "req/s",
+                "attain.",
+                "arrived",
+                "completed",
+                "ctx/KV",
+                "(429s)",
+            ],
+        ]
+        rows = [ln.split() for ln in lines[rule + 1 : rule + 3]]
+        assert [r[:2] + r[4:] for r in rows] == [
+            ["2", "0.3", "6", "5", "1/0", "0", "(0)"],
+            ["64", "0.3", "6", "5", "1/0", "0", "(0)"],
+        ]

@@ -1,4 +1,11 @@
-"""Figures of one run: throughput, latency percentiles, memory, evictions, tenants, cost."""
+"""Figures of one run: goodput, where every request ended, latency percentiles, memory,
+evictions, tenants, cost.
+
+Every arrived request ends one way: completed, rejected (longer than the model's context, or
+more KV than the pool holds), given up after the gateway's 429s, or unfinished when the run
+stopped early; ``completed + rejected + gave_up + unfinished == requests``. Latency
+percentiles cover completed requests only; goodput and SLO attainment count every arrival.
+"""
 
 from __future__ import annotations
 
@@ -29,42 +36,70 @@ class TenantSummary:
     """Requests admitted to the running batch at least once."""
     rejected: int
     """Requests refused by the server because they can never fit."""
+    rejected_context: int
+    """Those of them longer than the model's context."""
     denials: int
     """429 answers from the gateway (a request denied twice counts twice)."""
     gave_up: int
     """Requests whose client stopped retrying after its last allowed denial."""
     completed: int
     """Requests finished."""
+    slo_met: int
+    """Requests finished within both the TTFT and the TPOT target."""
     slo_attainment: float
-    """Share of arrived requests finished within both the TTFT and the TPOT target."""
+    """``slo_met`` over arrived requests."""
     ttft_p95_s: float
-    """95th percentile time to first token, seconds."""
+    """95th percentile time to first token of its completed requests, seconds."""
     share_of_tokens: float
     """Share of all output tokens served that went to this tenant."""
 
 
 @frozen
 class Summary:
-    """What one run achieved. Latencies are seconds; memory is tokens and bytes."""
+    """What one run achieved. Latencies are seconds; memory is tokens and bytes.
+
+    Goodput and SLO attainment count every arrived request (a rejected or given-up request
+    is a miss); latency percentiles cover completed requests only (``completed`` of
+    ``requests``); cost is the GPU time of the whole run, whatever became of each request.
+    """
 
     requests: int
-    """Requests in the workload."""
+    """Requests that arrived (the workload)."""
     completed: int
     """Requests finished."""
+    slo_met: int
+    """Requests finished within both latency targets."""
     rejected: int
-    """Requests refused because they can never fit."""
+    """Requests refused because they can never fit (``rejected_context +
+    rejected_memory``)."""
+    rejected_context: int
+    """Rejected requests longer than the model's context (0 when the record does not say)."""
+    rejected_memory: int
+    """Rejected requests that fit the context but need more KV than the pool holds."""
+    gave_up: int
+    """Requests abandoned by their clients after repeated 429s."""
+    unfinished: int
+    """Requests neither finished, rejected nor given up when the run stopped (0 for a run
+    to completion)."""
+    gate_denials: int
+    """429 answers from the gateway (a request denied twice counts twice)."""
     duration_s: float
-    """Simulated time from the first arrival to the last completion."""
+    """Simulated time from the first arrival to the end of the run (the last completion,
+    or a later give-up or stop)."""
+    goodput_rps: float
+    """Requests finished within both latency targets per second of the run."""
+    goodput_tps: float
+    """Output tokens of those requests per second of the run."""
     throughput_rps: float
-    """Completed requests per second."""
+    """Completed requests per second, within the targets or not."""
     throughput_tps: float
-    """Output tokens per second."""
+    """Output tokens of completed requests per second."""
     ttft: dict[str, float]
-    """Time to first token: ``mean``, ``p50``, ``p95``, ``p99``."""
+    """Time to first token of completed requests: ``mean``, ``p50``, ``p95``, ``p99``."""
     tpot: dict[str, float]
-    """Time per output token after the first."""
+    """Time per output token after the first, completed requests."""
     e2e: dict[str, float]
-    """End-to-end latency from arrival to last token."""
+    """End-to-end latency from first arrival to last token, completed requests."""
     peak_kv_tokens: int
     """Most KV slots held in used blocks at once."""
     mean_kv_tokens: float
@@ -89,10 +124,6 @@ class Summary:
     """Prompt tokens loaded from the tiers below HBM (DRAM, disk) instead of recomputed."""
     tier_load_s: float
     """Seconds spent loading them."""
-    gate_denials: int
-    """429 answers from the gateway."""
-    gave_up: int
-    """Requests abandoned by their clients after repeated 429s."""
     attention_recall: float
     """Mean share of attention mass on resident tokens (synthetic model; 1.0 without
     eviction)."""
@@ -101,11 +132,15 @@ class Summary:
     iterations_per_s: float
     """Iterations per simulated second."""
     slo_attainment: float
-    """Share of requests finished within both latency targets."""
+    """``slo_met`` over arrived requests."""
     cost_usd: float
-    """GPU rental for ``duration_s`` at the GPU's price per hour."""
-    cost_per_1k_requests_usd: float
-    """``cost_usd`` per thousand completed requests (NaN when none completed)."""
+    """GPU rental for ``duration_s`` at the GPU's price per hour: the GPU time of every
+    request, finished or not."""
+    cost_per_1k_completed_usd: float
+    """``cost_usd`` per thousand completed requests (NaN when none completed). A stack that
+    turns requests away pays the same GPU time for fewer of them, so this rises."""
+    cost_per_1k_slo_met_usd: float
+    """``cost_usd`` per thousand requests finished within the targets (NaN when none)."""
     tenants: tuple[TenantSummary, ...] = field()
     """Per-tenant figures, sorted by tenant name."""
 
@@ -154,6 +189,11 @@ def summarize(record: RunRecord, slo: SLOConfig, gpu: GPUSpec) -> Summary:
     decode = np.fromiter((r.decode_len for r in reqs), dtype=np.float64, count=n)
     tenants = np.array([r.tenant for r in reqs], dtype=object)
     done = np.isfinite(record.finish)
+    too_long = (
+        record.rejected & record.rejected_context
+        if record.rejected_context is not None
+        else np.zeros(n, dtype=np.bool_)
+    )
     ttft = record.first_token - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(
@@ -163,9 +203,11 @@ def summarize(record: RunRecord, slo: SLOConfig, gpu: GPUSpec) -> Summary:
     e2e = record.finish - arrival
     within = done & (ttft <= slo.ttft_s) & (tpot <= slo.tpot_s)
     start = float(arrival.min()) if n else 0.0
-    end = float(np.nanmax(record.finish)) if done.any() else record.end_time
+    # The GPU is held until the run ends: a give-up after the last completion counts too.
+    end = max(float(np.nanmax(record.finish)) if done.any() else start, record.end_time)
     duration = max(end - start, 0.0)
     completed = int(done.sum())
+    met = int(within.sum())
     out_tokens = float(decode[done].sum())
     cost = gpu.price_per_hour * duration / 3600.0
     tenant_rows = []
@@ -178,22 +220,41 @@ def summarize(record: RunRecord, slo: SLOConfig, gpu: GPUSpec) -> Summary:
                 requests=int(m.sum()),
                 admissions=int((admitted & m).sum()),
                 rejected=int((record.rejected & m).sum()),
+                rejected_context=int((too_long & m).sum()),
                 denials=int(record.gate_denials[m].sum()),
                 gave_up=int((record.gave_up & m).sum()),
                 completed=int((done & m).sum()),
+                slo_met=int((within & m).sum()),
                 slo_attainment=float((within & m).sum() / m.sum()),
                 ttft_p95_s=_pct(ttft[m & done])["p95"],
                 share_of_tokens=float(decode[done & m].sum() / out_tokens) if out_tokens else 0.0,
             )
         )
     peak = int(record.series_kv_tokens.max()) if len(record.series_kv_tokens) else 0
+    rejected = int(record.rejected.sum())
+    gave_up = int(record.gave_up.sum())
+
+    def per_s(x: float) -> float:
+        return x / duration if duration > 0 else math.nan
+
+    def per_1k(count: int) -> float:
+        return 1000.0 * cost / count if count else math.nan
+
     return Summary(
         requests=n,
         completed=completed,
-        rejected=int(record.rejected.sum()),
+        slo_met=met,
+        rejected=rejected,
+        rejected_context=int(too_long.sum()),
+        rejected_memory=rejected - int(too_long.sum()),
+        gave_up=gave_up,
+        unfinished=n - completed - rejected - gave_up,
+        gate_denials=int(record.gate_denials.sum()),
         duration_s=duration,
-        throughput_rps=completed / duration if duration > 0 else math.nan,
-        throughput_tps=out_tokens / duration if duration > 0 else math.nan,
+        goodput_rps=per_s(met),
+        goodput_tps=per_s(float(decode[within].sum())),
+        throughput_rps=per_s(completed),
+        throughput_tps=per_s(out_tokens),
         ttft=_pct(ttft[done]),
         tpot=_pct(tpot[done]),
         e2e=_pct(e2e[done]),
@@ -211,13 +272,12 @@ def summarize(record: RunRecord, slo: SLOConfig, gpu: GPUSpec) -> Summary:
         prefix_hit_tokens=record.prefix_hit_tokens,
         tier_hit_tokens=record.tier_hit_tokens,
         tier_load_s=record.tier_load_s,
-        gate_denials=int(record.gate_denials.sum()),
-        gave_up=int(record.gave_up.sum()),
         attention_recall=record.attention_recall,
         iterations=record.iterations,
-        iterations_per_s=record.iterations / duration if duration > 0 else math.nan,
-        slo_attainment=float(within.sum() / n) if n else math.nan,
+        iterations_per_s=per_s(record.iterations),
+        slo_attainment=met / n if n else math.nan,
         cost_usd=cost,
-        cost_per_1k_requests_usd=1000.0 * cost / completed if completed else math.nan,
+        cost_per_1k_completed_usd=per_1k(completed),
+        cost_per_1k_slo_met_usd=per_1k(met),
         tenants=tuple(tenant_rows),
     )

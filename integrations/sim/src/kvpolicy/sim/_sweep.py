@@ -20,8 +20,16 @@ from kvpolicy.kvmodel import Request, get_gpu, get_model
 from kvpolicy.sim._config import StackConfig
 from kvpolicy.sim._errors import ConfigError
 from kvpolicy.sim._simulate import check_config, simulate
+from kvpolicy.sim._story import run_warnings
 
-__all__ = ["EXECUTORS", "SweepPoint", "apply_params", "expand_grid", "sweep"]
+__all__ = [
+    "EXECUTORS",
+    "SweepPoint",
+    "apply_params",
+    "expand_grid",
+    "sweep",
+    "unchanged_parameters",
+]
 
 EXECUTORS = ("local", "ray")
 """Where :func:`sweep` runs its points."""
@@ -35,6 +43,9 @@ class SweepPoint:
     """``section.field`` -> value."""
     summary: dict[str, Any]
     """:meth:`Summary.as_dict` of the run."""
+    warnings: tuple[str, ...] = ()
+    """What went wrong for more than 1% of the point's requests (rejections, give-ups),
+    with hints: :func:`kvpolicy.sim._story.run_warnings`."""
 
 
 def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -96,7 +107,11 @@ def _run_point(
     result = simulate(
         requests, get_model(model_name), get_gpu(gpu_name), config, workload_name=workload_name
     )
-    return SweepPoint(params=params, summary=result.summary.as_dict())
+    return SweepPoint(
+        params=params,
+        summary=result.summary.as_dict(),
+        warnings=tuple(run_warnings(result, config)),
+    )
 
 
 def sweep(
@@ -148,7 +163,7 @@ def sweep(
         remote = ray.remote(_run_point)
         ref = ray.put(reqs)
         futures = [
-            remote.remote(ref, model_name, gpu_name, c, p, workload_name)  # type: ignore[arg-type]
+            remote.remote(ref, model_name, gpu_name, c, p, workload_name)  # type: ignore[arg-type, unused-ignore]
             for c, p in zip(configs, points, strict=True)
         ]
         return list(ray.get(futures))
@@ -163,3 +178,52 @@ def sweep(
             for c, p in zip(configs, points, strict=True)
         ]
         return [f.result() for f in futs]
+
+
+def _values(values: Sequence[Any]) -> str:
+    return ", ".join(repr(v) if isinstance(v, str) else str(v) for v in values)
+
+
+def unchanged_parameters(points: Sequence[SweepPoint], base: StackConfig) -> list[str]:
+    """Warnings for the grid parameters that changed nothing the stack uses.
+
+    A parameter changed nothing when, among the points that agree on every other
+    parameter, every value of it gave the same figures (the whole summary). When the
+    parameter's section names no implementation (``none``) at every point, the warning
+    says that section is unused.
+
+    Args:
+        points: :func:`sweep`'s result, in grid order.
+        base: the stack the grid modified.
+
+    Returns:
+        One message per such parameter, naming it; empty when every parameter mattered.
+    """
+    if not points:
+        return []
+    out = []
+    keys = list(points[0].params)
+    for key in keys:
+        values = list(dict.fromkeys(repr(p.params[key]) for p in points))
+        if len(values) < 2:
+            continue
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for p in points:
+            rest = repr([(k, p.params[k]) for k in keys if k != key])
+            groups.setdefault(rest, []).append(p.summary)
+        if any(any(s != g[0] for s in g[1:]) for g in groups.values()):
+            continue
+        shown = _values(list(dict.fromkeys(p.params[key] for p in points)))
+        text = f"sweep parameter {key!r} changed nothing: every figure is the same at {shown}"
+        section, _, field_name = key.partition(".")
+        unused = field_name != "name" and all(
+            getattr(getattr(apply_params(base, p.params), section), "name", None) == "none"
+            for p in points
+        )
+        if unused:
+            text += (
+                f"; the stack's {section} section is 'none', so {section}.* is unused: name "
+                f"one ({section}.name) in the stack or in the grid"
+            )
+        out.append(text)
+    return out

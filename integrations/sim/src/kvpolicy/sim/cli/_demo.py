@@ -30,13 +30,8 @@ __all__ = ["demo"]
 )
 def demo(model: str, gpu: str, num_requests: int, seed: int, report: pathlib.Path) -> None:
     """A vLLM-like stack against the kvpolicy stack on the multi-tenant workload."""
-    from kvpolicy.sim import (
-        STACK_PRESETS,
-        comparison_table,
-        simulate,
-        write_report,
-    )
-    from kvpolicy.sim.cli._sim import progress_bar
+    from kvpolicy.sim import STACK_PRESETS, simulate
+    from kvpolicy.sim.cli._sim import _emit, progress_bar
     from kvpolicy.sim.workloads import get_workload
 
     console = Console()
@@ -61,10 +56,10 @@ def demo(model: str, gpu: str, num_requests: int, seed: int, report: pathlib.Pat
                     notes=w.notes,
                 )
             )
-    console.print(
-        comparison_table(
-            results, title=f"{w.name} ({len(w.requests):,} requests): {m.name} on {g.name}"
-        )
+    _emit(
+        results,
+        report,
+        False,
+        f"{w.name} ({len(w.requests):,} requests): {m.name} on {g.name}",
+        stacks,
     )
-    path = write_report(results, report)
-    console.print(f"report: {path.resolve()}")

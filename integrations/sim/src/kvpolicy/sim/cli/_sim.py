@@ -104,16 +104,34 @@ def _run_stacks(
     return results
 
 
-def _emit(results: list[Any], report: pathlib.Path | None, as_json: bool, title: str) -> None:
+def _emit(
+    results: list[Any],
+    report: pathlib.Path | None,
+    as_json: bool,
+    title: str,
+    configs: Sequence[Any] | None = None,
+) -> None:
+    """Print the runs (a table and what happened, or one JSON document) and write the
+    report; the workload's notes and the runs' warnings also go to stderr."""
+    from rich.text import Text
+
     from kvpolicy.sim import comparison_table, results_json, write_report
 
+    doc = results_json(results, configs)
+    for note in dict.fromkeys(n for r in results for n in r.notes):
+        click.echo(f"note: {note}", err=True)
     if as_json:
-        click.echo(json.dumps(results_json(results)))
+        click.echo(json.dumps(doc))
     else:
-        Console().print(comparison_table(results, title=title))
+        console = Console()
+        console.print(comparison_table(results, title=title))
+        console.print(Text(f"What happened: {doc['what_happened']}"))
+    for run in doc["runs"]:
+        for warning in run["warnings"]:
+            click.echo(f"warning: {run['stack']}: {warning}", err=True)
     if report is not None:
-        path = write_report(results, report)
-        click.echo(f"report: {path}", err=as_json)
+        path = write_report(results, report, configs=configs)
+        click.echo(f"report: {path.resolve()}", err=as_json)
 
 
 @group.command("run")
@@ -186,7 +204,7 @@ def _compare_stacks(
         results = _run_stacks(cfgs, w, m, g, console, not as_json, spec.seed)
     except _ERRORS as exc:
         raise click.UsageError(str(exc)) from exc
-    _emit(results, report, as_json, f"{w.name}: {m.name} on {g.name}")
+    _emit(results, report, as_json, f"{w.name}: {m.name} on {g.name}", cfgs)
 
 
 def _parse_param(text: str) -> tuple[str, list[Any]]:
@@ -229,8 +247,6 @@ def sweep_cmd(
     as_json: bool,
 ) -> None:
     """Simulate a grid of stack parameters on local processes or on Ray."""
-    from rich.table import Table
-
     from kvpolicy.sim import get_stack, sweep
 
     m, g = _specs(model, gpu)
@@ -257,28 +273,37 @@ def sweep_cmd(
         ) from exc
     except _ERRORS as exc:
         raise click.UsageError(str(exc)) from exc
+    from kvpolicy.sim._report import sweep_tables
+    from kvpolicy.sim._sweep import unchanged_parameters
+
+    unchanged = unchanged_parameters(points, cfg)
+    for note in w.notes:
+        click.echo(f"note: {note}", err=True)
     if as_json:
-        click.echo(
-            json.dumps({"points": [{"params": p.params, "summary": p.summary} for p in points]})
-        )
-        return
-    table = Table(title=f"sweep on {w.name}: {m.name} on {g.name}", title_justify="left")
-    for key in grid:
-        table.add_column(key)
-    for col in ("req/s", "TTFT p99 (s)", "E2E p95 (s)", "peak KV (GiB)", "preemptions", "SLO"):
-        table.add_column(col, justify="right")
+        doc = {
+            "points": [
+                {"params": p.params, "summary": p.summary, "warnings": list(p.warnings)}
+                for p in points
+            ],
+            "notes": list(w.notes),
+            "warnings": unchanged,
+        }
+        click.echo(json.dumps(doc))
+    else:
+        console = Console()
+        for table in sweep_tables(points, list(grid), f"sweep on {w.name}: {m.name} on {g.name}"):
+            console.print(table)
+    # The same warning at several points is printed once, with the points it holds at.
+    at: dict[str, list[str]] = {}
     for p in points:
-        s = p.summary
-        table.add_row(
-            *(str(p.params[k]) for k in grid),
-            f"{s['throughput_rps']:.2f}",
-            f"{(s['ttft']['p99'] or 0):.3f}",
-            f"{(s['e2e']['p95'] or 0):.3f}",
-            f"{s['peak_kv_bytes'] / 2**30:.2f}",
-            f"{s['preemptions']:,}",
-            f"{s['slo_attainment']:.3f}",
-        )
-    Console().print(table)
+        label = ",".join(f"{k}={v}" for k, v in p.params.items())
+        for warning in p.warnings:
+            at.setdefault(warning, []).append(label)
+    for warning, labels in at.items():
+        where = "every point" if len(labels) == len(points) else "; ".join(labels)
+        click.echo(f"warning: [{where}] {warning}", err=True)
+    for warning in unchanged:
+        click.echo(f"warning: {warning}", err=True)
 
 
 @group.command("fit-timing")
