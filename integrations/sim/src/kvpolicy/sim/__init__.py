@@ -50,7 +50,15 @@ from kvpolicy.sim._simulate import (
     simulate,
 )
 from kvpolicy.sim._stack import Stack, build_stack, part_names
-from kvpolicy.sim._sweep import EXECUTORS, SweepPoint, apply_params, expand_grid, sweep
+from kvpolicy.sim._story import describe_stack, run_warnings, what_happened
+from kvpolicy.sim._sweep import (
+    EXECUTORS,
+    SweepPoint,
+    apply_params,
+    expand_grid,
+    sweep,
+    unchanged_parameters,
+)
 from kvpolicy.sim._timing import TimingModel, fit_error, fit_timing, read_timing_csv
 
 __all__ = [
@@ -84,6 +92,7 @@ __all__ = [
     "build_stack",
     "check_config",
     "comparison_table",
+    "describe_stack",
     "expand_grid",
     "fit_attention",
     "fit_error",
@@ -96,11 +105,14 @@ __all__ = [
     "plot_tenant_shares",
     "read_timing_csv",
     "results_json",
+    "run_warnings",
     "server_capacity",
     "server_context",
     "simulate",
     "stack_from_dict",
     "summarize",
     "sweep",
+    "unchanged_parameters",
+    "what_happened",
     "write_report",
 ]
