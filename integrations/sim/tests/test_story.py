@@ -145,8 +145,9 @@ class TestWhatHappened:
             f"long led on goodput: {g_long:.2f} req/s finished within the SLO (90 of 100 "
             f"arrived, 90.0%), against gated's {g_gated:.2f} req/s (75.0%). "
         )
-        assert "gated's gateway answered 50 429s (b 50) and 25 requests gave up (b 25 of 25)." in (
-            text
+        assert (
+            "gated's gateway answered 50 429s (b 50; by check: test 50) and 25 requests "
+            "gave up (b 25 of 25)." in text
         )
         assert "long answered no 429s; 10 were rejected (10 longer than the context)." in text
         assert "long's KV peaked at 0.1 of 57.0 GiB (0%; mean 0.1 GiB), with no preemption" in (

@@ -85,6 +85,8 @@ class FrontDoor:
             return True
         rec = self._rec
         rec.denials[i] += 1
+        reason = decision.reason or "unspecified"
+        rec.denial_reasons[reason] = rec.denial_reasons.get(reason, 0) + 1
         if rec.denials[i] > self._max_retries:
             rec.gave_up[i] = True
             rec.done += 1

@@ -70,6 +70,9 @@ class RunRecord:
     """(n,) int64 times the gateway denied each request (HTTP 429)."""
     gave_up: NDArray[np.bool_]
     """(n,) bool requests whose client stopped retrying after ``max_retries`` denials."""
+    denial_reasons: dict[str, int] | None = None
+    """429s by the gateway check that answered them (``tokens``, ``concurrency``,
+    ``priority``, ...)."""
     finish_step: NDArray[np.int64] | None = None
     """(n,) int64 iterations done when each request finished (-1 if it never did); for
     comparing the order of completions with another scheduler step by step."""
@@ -106,6 +109,7 @@ class Recorder:
         self.first_admitted = np.full(n, np.nan)
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.finish_step = np.full(n, -1, dtype=np.int64)
+        self.denial_reasons: dict[str, int] = {}
         self.denials = np.zeros(n, dtype=np.int64)
         self.gave_up = np.zeros(n, dtype=np.bool_)
         self.recomputed = 0
@@ -161,6 +165,7 @@ class Recorder:
             rejected=self.rejected,
             rejected_context=self.rejected_context,
             finish_step=self.finish_step,
+            denial_reasons=dict(self.denial_reasons),
             series_time=series[:, 0].copy(),
             series_kv_tokens=series[:, 1].astype(np.int64),
             series_resident=series[:, 2].astype(np.int64),

@@ -255,6 +255,15 @@ def _gib(tokens: float, result: SimResult) -> float:
     return tokens * result.record.bytes_per_token / _GIB
 
 
+def _reasons(r: SimResult) -> str:
+    """``; by check: priority 500, tokens 56`` when the run recorded why."""
+    reasons = r.record.denial_reasons
+    if not reasons:
+        return ""
+    parts = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    return "; by check: " + ", ".join(f"{k} {v:,}" for k, v in parts)
+
+
 def _door(r: SimResult) -> str:
     s = r.summary
     if not s.gate_denials:
@@ -262,7 +271,7 @@ def _door(r: SimResult) -> str:
     else:
         door = (
             f"{r.stack}'s gateway answered {s.gate_denials:,} 429s "
-            f"({_tenant_counts(s, 'denials', of=False)})"
+            f"({_tenant_counts(s, 'denials', of=False)}{_reasons(r)})"
         )
         if s.gave_up:
             door += f" and {s.gave_up:,} requests gave up ({_tenant_counts(s, 'gave_up')})"
