@@ -1,7 +1,80 @@
-"""kvpolicy-vllm."""
+"""kvpolicy-vllm: kvpolicy inside a real vLLM through its public extension points.
+
+The config object and the tenant book import without vLLM; the vLLM-facing classes
+(:class:`KVPolicyScheduler`, :class:`GroupTTLCachePolicy`, the harness) load vLLM when
+first used, so ``import kvpolicy.vllm`` works where vLLM is not installed.
+"""
 
 from __future__ import annotations
 
-from kvpolicy.vllm.__about__ import __version__
+from typing import Any
 
-__all__ = ["__version__"]
+from kvpolicy.vllm.__about__ import __version__
+from kvpolicy.vllm._config import (
+    ENV_VAR,
+    KVPolicyConfig,
+    OffloadConfig,
+    PolicyChoice,
+    TenancyConfig,
+    config_from_vllm,
+    load_config,
+)
+from kvpolicy.vllm._errors import (
+    ConfigError,
+    KVPolicyVLLMError,
+    UnknownTenantError,
+    UnsupportedVLLMError,
+)
+from kvpolicy.vllm._plugin import CACHE_POLICY_NAME, register
+from kvpolicy.vllm._tenants import TenantBook
+from kvpolicy.vllm._version import TESTED_VLLM_VERSIONS, check_vllm_version
+
+# Names whose modules import vLLM: resolved on first access (PEP 562).
+_LAZY = {
+    "KVPolicyScheduler": "kvpolicy.vllm._scheduler",
+    "RunStats": "kvpolicy.vllm._harness",
+    "WorkloadRequest": "kvpolicy.vllm._harness",
+    "make_scheduler": "kvpolicy.vllm._harness",
+    "run_workload": "kvpolicy.vllm._harness",
+    "tiny_model_dir": "kvpolicy.vllm._harness",
+}
+
+__all__ = [
+    "CACHE_POLICY_NAME",
+    "ENV_VAR",
+    "TESTED_VLLM_VERSIONS",
+    "ConfigError",
+    "KVPolicyConfig",
+    "KVPolicyScheduler",
+    "KVPolicyVLLMError",
+    "OffloadConfig",
+    "PolicyChoice",
+    "RunStats",
+    "TenancyConfig",
+    "TenantBook",
+    "UnknownTenantError",
+    "UnsupportedVLLMError",
+    "WorkloadRequest",
+    "__version__",
+    "check_vllm_version",
+    "config_from_vllm",
+    "load_config",
+    "make_scheduler",
+    "register",
+    "run_workload",
+    "tiny_model_dir",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kvpolicy.vllm' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
