@@ -25,12 +25,14 @@ from kvpolicy.vllm._errors import (
     UnknownTenantError,
     UnsupportedVLLMError,
 )
+from kvpolicy.vllm._events import KVEventsConsumer, block_key
 from kvpolicy.vllm._plugin import CACHE_POLICY_NAME, register
 from kvpolicy.vllm._tenants import TenantBook
 from kvpolicy.vllm._version import TESTED_VLLM_VERSIONS, check_vllm_version
 
 # Names whose modules import vLLM: resolved on first access (PEP 562).
 _LAZY = {
+    "GroupTTLCachePolicy": "kvpolicy.vllm._offload",
     "KVPolicyScheduler": "kvpolicy.vllm._scheduler",
     "RunStats": "kvpolicy.vllm._harness",
     "WorkloadRequest": "kvpolicy.vllm._harness",
@@ -44,6 +46,8 @@ __all__ = [
     "ENV_VAR",
     "TESTED_VLLM_VERSIONS",
     "ConfigError",
+    "GroupTTLCachePolicy",
+    "KVEventsConsumer",
     "KVPolicyConfig",
     "KVPolicyScheduler",
     "KVPolicyVLLMError",
@@ -56,6 +60,7 @@ __all__ = [
     "UnsupportedVLLMError",
     "WorkloadRequest",
     "__version__",
+    "block_key",
     "check_vllm_version",
     "config_from_vllm",
     "load_config",
