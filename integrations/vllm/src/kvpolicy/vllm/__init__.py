@@ -19,6 +19,7 @@ from kvpolicy.vllm._config import (
     config_from_vllm,
     load_config,
 )
+from kvpolicy.vllm._drift import REQUIRED_VLLM_SYMBOLS, vllm_drift
 from kvpolicy.vllm._errors import (
     ConfigError,
     KVPolicyVLLMError,
@@ -34,6 +35,7 @@ from kvpolicy.vllm._version import TESTED_VLLM_VERSIONS, check_vllm_version
 _LAZY = {
     "GroupTTLCachePolicy": "kvpolicy.vllm._offload",
     "KVPolicyScheduler": "kvpolicy.vllm._scheduler",
+    "ReturnSignalProcessor": "kvpolicy.vllm._logits",
     "RunStats": "kvpolicy.vllm._harness",
     "WorkloadRequest": "kvpolicy.vllm._harness",
     "make_scheduler": "kvpolicy.vllm._harness",
@@ -44,6 +46,7 @@ _LAZY = {
 __all__ = [
     "CACHE_POLICY_NAME",
     "ENV_VAR",
+    "REQUIRED_VLLM_SYMBOLS",
     "TESTED_VLLM_VERSIONS",
     "ConfigError",
     "GroupTTLCachePolicy",
@@ -53,6 +56,7 @@ __all__ = [
     "KVPolicyVLLMError",
     "OffloadConfig",
     "PolicyChoice",
+    "ReturnSignalProcessor",
     "RunStats",
     "TenancyConfig",
     "TenantBook",
@@ -68,6 +72,7 @@ __all__ = [
     "register",
     "run_workload",
     "tiny_model_dir",
+    "vllm_drift",
 ]
 
 

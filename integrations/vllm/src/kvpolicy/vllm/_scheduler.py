@@ -34,7 +34,8 @@ from kvpolicy.kvmodel import (
 )
 from kvpolicy.kvmodel import Request as KVRequest
 from kvpolicy.vllm._config import KVPolicyConfig, config_from_vllm
-from kvpolicy.vllm._errors import ConfigError, UnknownTenantError
+from kvpolicy.vllm._drift import vllm_drift
+from kvpolicy.vllm._errors import ConfigError, UnknownTenantError, UnsupportedVLLMError
 from kvpolicy.vllm._tenants import TenantBook
 from kvpolicy.vllm._version import check_vllm_version
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -64,6 +65,10 @@ class KVPolicyScheduler(AsyncScheduler):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         config = config_from_vllm(self.vllm_config.additional_config)
         check_vllm_version(allow_untested=config.allow_untested_vllm)
+        drift = vllm_drift()
+        if drift:
+            listed = "; ".join(f"{k}: {v}" for k, v in drift.items())
+            raise UnsupportedVLLMError(f"vLLM internals kvpolicy relies on changed: {listed}")
         if config.preemption is not None and self.policy != SchedulingPolicy.FCFS:
             raise ConfigError(
                 "'preemption': a kvpolicy preemption order needs vLLM's fcfs scheduling "
