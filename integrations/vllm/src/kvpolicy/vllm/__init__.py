@@ -12,6 +12,7 @@ from typing import Any
 from kvpolicy.vllm.__about__ import __version__
 from kvpolicy.vllm._config import (
     ENV_VAR,
+    BlockEvictionConfig,
     KVPolicyConfig,
     OffloadConfig,
     PolicyChoice,
@@ -33,6 +34,8 @@ from kvpolicy.vllm._version import TESTED_VLLM_VERSIONS, check_vllm_version
 
 # Names whose modules import vLLM: resolved on first access (PEP 562).
 _LAZY = {
+    "BlockEvictionScheduler": "kvpolicy.vllm._blocks",
+    "BlockValues": "kvpolicy.vllm._blocks",
     "GroupTTLCachePolicy": "kvpolicy.vllm._offload",
     "KVPolicyScheduler": "kvpolicy.vllm._scheduler",
     "ReturnSignalProcessor": "kvpolicy.vllm._logits",
@@ -48,6 +51,9 @@ __all__ = [
     "ENV_VAR",
     "REQUIRED_VLLM_SYMBOLS",
     "TESTED_VLLM_VERSIONS",
+    "BlockEvictionConfig",
+    "BlockEvictionScheduler",
+    "BlockValues",
     "ConfigError",
     "GroupTTLCachePolicy",
     "KVEventsConsumer",

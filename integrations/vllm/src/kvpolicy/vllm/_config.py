@@ -32,8 +32,10 @@ from attrs.validators import instance_of, optional
 
 from kvpolicy.kvmodel import (
     ADMISSION,
+    EVICTION,
     PREEMPTION,
     AdmissionPolicy,
+    EvictionPolicy,
     Group,
     PreemptionPolicy,
     RegistryError,
@@ -44,6 +46,7 @@ from kvpolicy.vllm._errors import ConfigError
 
 __all__ = [
     "ENV_VAR",
+    "BlockEvictionConfig",
     "KVPolicyConfig",
     "OffloadConfig",
     "PolicyChoice",
@@ -169,6 +172,34 @@ class OffloadConfig:
             raise ConfigError(f"'offload.depth' must be >= 1: {self.depth!r}")
 
 
+def _at_least_one(_inst: object, attribute: Any, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"'block_eviction.{attribute.name}' must be an int: {value!r}")
+    if value < 1:
+        raise ValueError(f"'block_eviction.{attribute.name}' must be >= 1: {value!r}")
+
+
+@frozen
+class BlockEvictionConfig:
+    """Block-level Token-PD (the prototype of :class:`~kvpolicy.vllm.BlockEvictionScheduler`)."""
+
+    policy: PolicyChoice = field(validator=instance_of(PolicyChoice))
+    """Eviction policy (``kvpolicy.eviction`` entry point), e.g. ``token-pd``; its unit is
+    a whole block, valued at the sum of its tokens' values."""
+    budget_blocks: int = field(validator=_at_least_one)
+    """Most full blocks resident across the running batch after an eviction round."""
+    interval: int = field(default=1, validator=_at_least_one)
+    """Most steps between two rounds."""
+
+    def __attrs_post_init__(self) -> None:
+        self.build()
+
+    def build(self) -> EvictionPolicy:
+        """A fresh eviction policy."""
+        policy: EvictionPolicy = self.policy.build(EVICTION, "block_eviction.policy")
+        return policy
+
+
 @frozen
 class KVPolicyConfig:
     """Which kvpolicy features a vLLM server runs; each is off when left out."""
@@ -191,6 +222,10 @@ class KVPolicyConfig:
         default=None, validator=optional(instance_of(OffloadConfig))
     )
     """Group TTLs of the CPU offloading cache policy."""
+    block_eviction: BlockEvictionConfig | None = field(
+        default=None, validator=optional(instance_of(BlockEvictionConfig))
+    )
+    """Block-level Token-PD (prototype; needs :class:`~kvpolicy.vllm.BlockEvictionScheduler`)."""
     allow_untested_vllm: bool = field(default=False, validator=instance_of(bool))
     """Run on a vLLM release this package was not tested against."""
 
@@ -220,6 +255,7 @@ _TOP = {
     "preemption",
     "tenancy",
     "offload",
+    "block_eviction",
     "allow_untested_vllm",
 }
 _SECTIONS: dict[str, set[str]] = {
@@ -227,6 +263,7 @@ _SECTIONS: dict[str, set[str]] = {
     "preemption": {"name", "params"},
     "tenancy": {"manifest", "tenant_key", "default_tenant", "priorities", "quotas"},
     "offload": {"group_ttls", "residual_ttl_s", "depth"},
+    "block_eviction": {"policy", "budget_blocks", "interval"},
 }
 
 
@@ -286,6 +323,16 @@ def load_config(source: Mapping[str, Any] | str | os.PathLike[str]) -> KVPolicyC
         kwargs["tenancy"] = TenancyConfig(pool=sec.pop("manifest"), **sec)
     if top.get("offload") is not None:
         kwargs["offload"] = OffloadConfig(**_keys(top["offload"], _SECTIONS["offload"], "offload"))
+    if top.get("block_eviction") is not None:
+        sec = dict(_keys(top["block_eviction"], _SECTIONS["block_eviction"], "block_eviction"))
+        pol = _keys(sec.pop("policy", None), _SECTIONS["admission"], "block_eviction.policy")
+        if "name" not in pol:
+            raise ConfigError("'block_eviction.policy': missing key 'name'")
+        if "budget_blocks" not in sec:
+            raise ConfigError("'block_eviction': missing key 'budget_blocks'")
+        kwargs["block_eviction"] = BlockEvictionConfig(
+            PolicyChoice(pol["name"], pol.get("params")), **sec
+        )
     for key in ("max_admissions_per_step", "allow_untested_vllm"):
         if key in top:
             kwargs[key] = top[key]
