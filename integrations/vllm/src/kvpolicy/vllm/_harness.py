@@ -210,7 +210,7 @@ def run_workload(
     from vllm.v1.engine import FinishReason
     from vllm.v1.outputs import ModelRunnerOutput
 
-    pending = sorted(workload, key=lambda r: (r.arrival_step, r.request_id))
+    pending = sorted(workload, key=lambda r: r.arrival_step)  # stable: list order within a step
     block_size = scheduler.block_size
     finish: dict[str, int] = {}
     preempted: list[str] = []
