@@ -88,12 +88,17 @@ class TestGroupTTLCachePolicy:
             OffloadConfig(residual_ttl_s=-1.0)
 
     def test_registered_through_plugin(self) -> None:
-        """register() makes the policy resolvable by name in vLLM's factory."""
+        """vLLM loads the plugin from its entry point; the policy resolves by name."""
+        from importlib.metadata import entry_points
+
+        from vllm.plugins import load_general_plugins
         from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
 
         from kvpolicy.vllm import CACHE_POLICY_NAME, GroupTTLCachePolicy, register
 
-        register()
+        eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+        assert eps["kvpolicy"] == "kvpolicy.vllm:register"
+        load_general_plugins()
         register()  # idempotent
         assert CachePolicyFactory.get_cache_policy_cls(CACHE_POLICY_NAME) is GroupTTLCachePolicy
 
