@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from itertools import islice
 from typing import Any
 
 from kvpolicy.kvmodel import (
@@ -46,6 +47,7 @@ from vllm.v1.request import Request, RequestStatus
 __all__ = ["KVPolicyScheduler"]
 
 _log = logging.getLogger("kvpolicy.vllm")
+_HEAD = 1024  # most waiting requests shown to the admission policy per step
 
 
 class KVPolicyScheduler(AsyncScheduler):  # type: ignore[misc]
@@ -161,7 +163,8 @@ class KVPolicyScheduler(AsyncScheduler):  # type: ignore[misc]
         self.running[:] = [by_id[rid] for rid in reversed(order)]
 
     def _admission_cap(self, step: int) -> int | None:
-        waiting = list(self.waiting)
+        # The head of the queue is all an admission count can reach in one step.
+        waiting = list(islice(self.waiting, _HEAD))
         cap = self.kvpolicy_config.max_admissions_per_step
         if self._admission is not None and waiting:
             pool = self.kv_cache_manager.block_pool
@@ -184,7 +187,7 @@ class KVPolicyScheduler(AsyncScheduler):  # type: ignore[misc]
             ]
             count = self._admission.admit(state, queue)
             cap = count if cap is None else min(cap, count)
-        if cap is not None and cap < len(waiting):
+        if cap is not None and cap < len(self.waiting):
             self.capped_admissions += 1
         return cap
 
