@@ -169,3 +169,28 @@ def traces(session: nox.Session) -> None:
     session.install(*TEST_DEPS)
     dirs = [str(DIST_DIRS[n] / "tests") for n in ("admit", "evict", "tiers", "tenancy", "sim")]
     session.run("pytest", *dirs, "-m", "traces and not gpu and not quality", *session.posargs)
+
+
+@nox.session
+def vllm(session: nox.Session) -> None:
+    """kvpolicy-vllm against the real vLLM 0.32.0 on CPU (no GPU, no weights, offline).
+
+    vLLM's own CUDA-linked torchvision/torchaudio/torchcodec break its imports on CPU and
+    are uninstalled; torch stays at the local CPU wheel.
+    """
+    session.install(TORCH)
+    session.install("vllm==0.32.0", TORCH)
+    session.run("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    _install(session, "vllm")
+    session.install(*TEST_DEPS)
+    env = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    session.run(
+        "pytest",
+        str(DIST_DIRS["vllm"] / "tests"),
+        "-m",
+        DEFAULT_MARKS,
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env=env,
+    )
