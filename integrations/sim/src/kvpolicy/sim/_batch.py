@@ -163,9 +163,13 @@ class Batch:
             )
 
     # ------------------------------------------------------------------ admission
-    def admit(self, now: float, step: int) -> None:
+    def admit(
+        self, now: float, step: int, token_budget: int | None = None, reserve_blocks: int = 0
+    ) -> None:
         """Swapped requests come back, then the admission policy's count of waiting ones
-        join while blocks and ``max_batch`` allow."""
+        join while blocks and ``max_batch`` allow, and, as in vLLM's scheduler, while the
+        iteration's ``token_budget`` has room for their first prefill tokens and the pool
+        keeps ``reserve_blocks`` free for the running requests' next tokens."""
         cap = self._max_batch
         while self.swapped and len(self.running) < cap:
             s = self.swapped[0]
@@ -183,12 +187,20 @@ class Batch:
         if not self.waiting or self.swapped:
             return
         n = self._count(now, step)
+        budget = token_budget
         for _ in range(n):
-            if len(self.running) >= cap:
+            if len(self.running) >= cap or (budget is not None and budget <= 0):
                 break
             s = self.waiting[0]
+            if reserve_blocks:
+                pool = self._pool
+                fresh = pool.blocks_needed(s.target) - pool.cached_prefix_blocks(s.hashes)
+                if fresh + reserve_blocks > pool.num_free_blocks:
+                    break
             if not self._allocate(s, now):
                 break
+            if budget is not None:
+                budget -= s.target - s.computed
             self.waiting.popleft()
             s.order = self._admit_counter
             self._admit_counter += 1

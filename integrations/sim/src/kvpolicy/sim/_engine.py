@@ -270,7 +270,10 @@ class Engine:
                 step.now = max(step.now, nxt)
             for i in door.arrive(step.now):
                 batch.waiting.append(Seq(i, reqs[i], self._hashes(reqs[i])))
-            batch.admit(step.now, step.step)
+            preempted, budget, reserve = step.prepare()
+            if preempted:
+                budget = 0  # vLLM admits no new request in an iteration that preempts
+            batch.admit(step.now, step.step, budget, reserve)
             if not batch.running:
                 if batch.waiting or batch.swapped:
                     raise SimError(

@@ -55,6 +55,33 @@ class Step:
         self.step = 0
         """Iterations so far."""
 
+    def prepare(self) -> tuple[bool, int, int]:
+        """Before admission, as vLLM schedules its running requests first: preempt until
+        every decoding request's next token fits. Returns whether anyone was preempted, the
+        token budget left for new prompts and the blocks the decodes need."""
+        batch = self._batch
+        before = len(batch.running)
+        dec = [s for s in batch.running if s.decoding]
+        need = batch.blocks_for(dec, 1)
+        if need > batch.free_blocks:
+            batch.preempt_until(
+                lambda: (
+                    batch.blocks_for([s for s in batch.running if s.decoding], 1)
+                    <= batch.free_blocks
+                ),
+                self.now,
+            )
+        preempted = len(batch.running) < before
+        budget = self._token_budget
+        reserve = 0
+        for s in batch.running:
+            if s.decoding:
+                budget -= 1
+            else:
+                budget -= s.target - s.computed
+        reserve = batch.blocks_for([s for s in batch.running if s.decoding], 1)
+        return preempted, budget, reserve
+
     def run(self, next_event: float, first_output: Callable[[int, float], None]) -> None:
         """One mixed iteration, or ``k >= 1`` decode-only ones when every running request
         decodes; ``next_event`` (the next arrival or retry) bounds ``k``."""

@@ -225,7 +225,8 @@ class LiveEngine:
             for s in self._incoming:
                 batch.waiting.append(s)
             self._incoming.clear()
-            batch.admit(step.now, step.step)
+            preempted, budget, reserve = step.prepare()
+            batch.admit(step.now, step.step, 0 if preempted else budget, reserve)
             if not batch.running:
                 await asyncio.sleep(0.001)
                 continue
