@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.evict import make_policy
+from kvpolicy.kvmodel import EVICTION, build
 from kvpolicy.sim import AttentionModel, fit_attention
 from kvpolicy.sim._attention import _power_sum, attention_recall, attention_summary
 from kvpolicy.sim.cli._fit import fit_attention_cmd
@@ -287,7 +287,7 @@ class TestRecall:
     def test_fifo_on_uniform_attention(self) -> None:
         """FIFO keeps the B newest keys, which hold B/(t+1) of query t's uniform attention."""
         n, b = 50, 10
-        got = attention_recall(uniform(n), make_policy("fifo"), b)
+        got = attention_recall(uniform(n), build(EVICTION, "fifo"), b)
         t = np.arange(b, n)
         assert got == pytest.approx(float(np.mean(np.minimum(b + 1, t + 1) / (t + 1))))
 
@@ -296,14 +296,14 @@ class TestRecall:
         m = AttentionModel()
         rng = np.random.default_rng(0)
         a = m.matrix(m.token_scores(rng, 200), rng)
-        fifo = attention_recall(a, make_policy("fifo"), 50)
-        sink = attention_recall(a, make_policy("sink-window"), 50)
+        fifo = attention_recall(a, build(EVICTION, "fifo"), 50)
+        sink = attention_recall(a, build(EVICTION, "sink-window"), 50)
         assert 0.0 < fifo < sink < 1.0
 
     def test_budget_not_below_length(self) -> None:
         """A budget that keeps every key is refused."""
         with pytest.raises(ValueError, match="'budget_tokens' must be < T = 20: 20"):
-            attention_recall(uniform(20), make_policy("fifo"), 20)
+            attention_recall(uniform(20), build(EVICTION, "fifo"), 20)
 
 
 class TestCli:

@@ -192,7 +192,7 @@ class TestEvaluate:
     def test_unknown_policy_lists_the_known_ones(self) -> None:
         """An unknown name raises ValueError listing every known name."""
         with pytest.raises(
-            ValueError, match="must be one of full, fifo, lru, h2o, sink-window, token-pd: 'lfu'"
+            ValueError, match="must be one of full, fifo, h2o, lru, sink-window, token-pd: 'lfu'"
         ):
             policy_factory("lfu")
 

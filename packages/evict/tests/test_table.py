@@ -110,6 +110,5 @@ class TestStreamMap:
         assert policy.resident_tokens() == sum(live.values())
         for name, n in list(live.items())[::97]:
             assert policy.resident_positions(name).tolist() == list(range(n))
-        assert policy._map_used - policy._map_garbage == sum(
-            int(policy._span[policy._index[n]]) for n in live
-        )
+        tab = policy.table
+        assert tab._map_used - tab._map_garbage == sum(int(tab._span[tab._index[n]]) for n in live)

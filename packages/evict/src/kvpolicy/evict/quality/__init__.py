@@ -18,7 +18,6 @@ from __future__ import annotations
 from kvpolicy.evict.quality._decode import (
     DecodeResult,
     FeatureKind,
-    ReturnPredictorLike,
     decode_perplexity,
     feature_kind,
 )
@@ -74,7 +73,6 @@ __all__ = [
     "FeatureKind",
     "QualityDependencyError",
     "QualityResult",
-    "ReturnPredictorLike",
     "ReturnRecord",
     "attention_statistics",
     "budget_tokens",
