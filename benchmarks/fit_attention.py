@@ -29,7 +29,7 @@ import numpy as np
 
 from kvpolicy.kvmodel import EVICTION, build
 from kvpolicy.sim import AttentionModel, fit_attention
-from kvpolicy.sim._attention import attention_recall, attention_summary
+from kvpolicy.sim._attention_fit import attention_recall, attention_summary
 
 POLICIES = ("fifo", "lru", "h2o", "sink-window", "token-pd")
 BUDGETS = (0.25, 0.5)

@@ -17,11 +17,11 @@ from kvpolicy.evict.quality import (
     POLICY_CHOICES,
     CausalLM,
     QualityResult,
-    attention_statistics,
     budget_tokens,
     decode_perplexity,
     evaluate,
     load_or_train_mlp,
+    model_attention_statistics,
     policy_factory,
     record_returns,
     record_windows,
@@ -267,7 +267,7 @@ class TestRecord:
 class TestAttentionStatistics:
     def test_shares_are_consistent(self, tiny_lm: CausalLM, ids: torch.Tensor) -> None:
         """Shares lie in [0, 1] and the top-p% masses grow with p."""
-        s = attention_statistics(tiny_lm, ids, warmup=16)
+        s = model_attention_statistics(tiny_lm, ids, warmup=16)
         assert (s["layers"], s["heads"], s["tokens"]) == (2.0, 4.0, 48.0)
         for key in ("sink_mass_first_token", "sink_mass_first_4", "recent_mass_last_16"):
             assert 0 <= s[key] <= 1
