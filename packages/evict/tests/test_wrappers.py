@@ -50,6 +50,21 @@ class TestPeriodic:
         assert p.rounds == 1
         assert p.steps_until_due == 10
 
+    def test_headroom_leaves_room_for_growth(self) -> None:
+        """A round evicts below the budget by the headroom; the next one waits for the
+        budget to be exceeded again."""
+        p = Periodic(FIFOPolicy(), interval=100)
+        p.insert("a", np.arange(10))
+        assert _evicted(p.evict(8, headroom=3)) == {"a": [0, 1, 2, 3, 4]}
+        for t in range(10, 13):
+            p.insert("a", np.array([t]))
+            assert p.evict(8, headroom=3) == {}
+        p.insert("a", np.array([13]))
+        assert _evicted(p.evict(8, headroom=3)) == {"a": [5, 6, 7, 8]}
+        assert p.rounds == 2
+        with pytest.raises(ValueError, match="'headroom' must be >= 0: -1"):
+            p.evict(8, headroom=-1)
+
     def test_steps_until_due_counts_down(self) -> None:
         """steps_until_due falls with each tick and is 0 once due."""
         p = Periodic(FIFOPolicy(), interval=4)

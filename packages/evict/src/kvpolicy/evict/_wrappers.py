@@ -107,24 +107,29 @@ class Periodic:
         by_budget = room // per_step if per_step else self.steps_until_due
         return min(self.steps_until_due, by_budget)
 
-    def evict(self, budget_tokens: int) -> Mapping[str, NDArray[np.int64]]:
+    def evict(self, budget_tokens: int, headroom: int = 0) -> Mapping[str, NDArray[np.int64]]:
         """Run a round of the wrapped policy if one is due or the budget is exceeded.
 
         Args:
             budget_tokens: hard budget in tokens, >= 0.
+            headroom: tokens a round leaves free below the budget, for the growth until the
+                next one (the round evicts down to ``max(0, budget_tokens - headroom)``), so
+                that under memory pressure rounds come every ``headroom / growth`` steps
+                rather than at every step.
 
         Returns:
             The round's evicted positions per stream; empty when no round ran.
 
         Raises:
-            TypeError, ValueError: ``budget_tokens`` is not an int >= 0.
+            TypeError, ValueError: ``budget_tokens`` or ``headroom`` is not an int >= 0.
         """
         budget = check_budget(budget_tokens)
+        room = _check_int(headroom, "headroom", 0)
         if self._step < self._due and self._policy.resident_tokens() <= budget:
             return {}
         self._due = self._step + self._interval
         self._rounds += 1
-        return self._policy.evict(budget)
+        return self._policy.evict(max(0, budget - room))
 
     def insert(
         self,
