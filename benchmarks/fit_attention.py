@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from kvpolicy.evict import make_policy
+from kvpolicy.kvmodel import EVICTION, build
 from kvpolicy.sim import AttentionModel, fit_attention
-from kvpolicy.sim._attention import attention_recall, attention_summary
+from kvpolicy.sim._attention_fit import attention_recall, attention_summary
 
 POLICIES = ("fifo", "lru", "h2o", "sink-window", "token-pd")
 BUDGETS = (0.25, 0.5)
@@ -109,9 +109,7 @@ def recall_table(a: np.ndarray) -> dict[str, float]:
     for b in BUDGETS:
         k = round(b * n)
         for name in POLICIES:
-            policy = (
-                make_policy("h2o", recent_window=k // 2) if name == "h2o" else make_policy(name)
-            )
+            policy = build(EVICTION, name, {"recent_window": k // 2} if name == "h2o" else None)
             out[f"{name}@{b}"] = attention_recall(a, policy, k)
     return out
 

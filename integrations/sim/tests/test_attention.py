@@ -13,9 +13,10 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.evict import make_policy
+from kvpolicy.kvmodel import EVICTION, build
 from kvpolicy.sim import AttentionModel, fit_attention
-from kvpolicy.sim._attention import _power_sum, attention_recall, attention_summary
+from kvpolicy.sim._attention import _power_sum
+from kvpolicy.sim._attention_fit import attention_recall, attention_summary
 from kvpolicy.sim.cli._fit import fit_attention_cmd
 
 
@@ -252,19 +253,13 @@ class TestFit:
 
 
 class TestSummary:
-    def test_uniform_matrix(self) -> None:
-        """A uniform causal matrix: key 0 gets 1/(t+1), the 16 newest 16/(t+1), every query's
-        top 1% one key's share, the accumulated mass is the harmonic column sums'."""
-        n = 100
-        s = attention_summary(uniform(n), warmup=20)
-        q = np.arange(20, n)
-        assert s["sink_mass_first_token"] == pytest.approx(float(np.mean(1 / (q + 1))))
-        assert s["recent_mass_last_16"] == pytest.approx(float(np.mean(16 / (q + 1))))
-        assert s["attention_at_distance_1"] == pytest.approx(float(np.mean(1 / (q + 1))))
-        assert s["per_query_top_1pct_mass"] == pytest.approx(float(np.mean(1 / (q + 1))))
-        col = uniform(n).sum(axis=0)  # decreasing in the key position
-        assert s["accumulated_top_1pct_mass"] == pytest.approx(col[0] / n)
-        assert s["accumulated_top_10pct_mass"] == pytest.approx(col[:10].sum() / n)
+    def test_is_evicts_attention_statistics(self) -> None:
+        """The simulator's summary is kvpolicy-evict's one definition of the statistics."""
+        from kvpolicy.evict.quality import attention_statistics
+
+        assert attention_summary is attention_statistics
+        s = attention_summary(uniform(100), warmup=20)
+        assert s["attention_at_distance_1"] == pytest.approx(float(np.mean(1 / np.arange(21, 101))))
 
     def test_persistence_of_the_model(self) -> None:
         """Persistent scores alone make far-apart queries favour the same keys (correlation
@@ -287,7 +282,7 @@ class TestRecall:
     def test_fifo_on_uniform_attention(self) -> None:
         """FIFO keeps the B newest keys, which hold B/(t+1) of query t's uniform attention."""
         n, b = 50, 10
-        got = attention_recall(uniform(n), make_policy("fifo"), b)
+        got = attention_recall(uniform(n), build(EVICTION, "fifo"), b)
         t = np.arange(b, n)
         assert got == pytest.approx(float(np.mean(np.minimum(b + 1, t + 1) / (t + 1))))
 
@@ -296,14 +291,14 @@ class TestRecall:
         m = AttentionModel()
         rng = np.random.default_rng(0)
         a = m.matrix(m.token_scores(rng, 200), rng)
-        fifo = attention_recall(a, make_policy("fifo"), 50)
-        sink = attention_recall(a, make_policy("sink-window"), 50)
+        fifo = attention_recall(a, build(EVICTION, "fifo"), 50)
+        sink = attention_recall(a, build(EVICTION, "sink-window"), 50)
         assert 0.0 < fifo < sink < 1.0
 
     def test_budget_not_below_length(self) -> None:
         """A budget that keeps every key is refused."""
         with pytest.raises(ValueError, match="'budget_tokens' must be < T = 20: 20"):
-            attention_recall(uniform(20), make_policy("fifo"), 20)
+            attention_recall(uniform(20), build(EVICTION, "fifo"), 20)
 
 
 class TestCli:

@@ -38,7 +38,7 @@ class TestEvalArguments:
         result = run("eval", "--policy", "full,lfu")
         assert result.exit_code == 2
         assert (
-            "unknown policy 'lfu'; known: full, fifo, lru, h2o, sink-window, token-pd"
+            "unknown policy 'lfu'; known: full, fifo, h2o, lru, sink-window, token-pd"
             in result.output
         )
 

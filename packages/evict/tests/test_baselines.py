@@ -112,6 +112,14 @@ class TestH2O:
         with pytest.raises(TypeError, match="'recent_window' must be int"):
             H2OPolicy(recent_window=2.0)  # type: ignore[arg-type]
 
+    def test_default_recent_window(self) -> None:
+        """Without arguments the 32 newest positions of each stream are protected."""
+        p = H2OPolicy()
+        assert p.table.recent_window == H2OPolicy.DEFAULT_RECENT_WINDOW == 32
+        p.insert("a", np.arange(40))
+        p.observe("a", np.arange(40), np.r_[np.full(8, 0.01), np.full(32, 0.0)])
+        assert _evicted(p.evict(32)) == {"a": list(range(8))}
+
 
 class TestSinkWindow:
     """StreamingLLM sinks plus the newest tokens."""
@@ -171,3 +179,15 @@ class TestCandidateSet:
                 del acc[(name, i)]
             got = _evicted(p.evict(budget))
             assert got == {k: sorted(v) for k, v in sorted(want.items())}
+
+
+@pytest.mark.parametrize(
+    "factory", [FIFOPolicy, LRUPolicy, H2OPolicy, SinkWindowPolicy], ids=lambda f: f.__name__
+)
+def test_nothing_leaves_while_the_cache_fits(factory: type[FIFOPolicy]) -> None:
+    """Without a keep rule, evict under the budget evicts nothing."""
+    p = factory()
+    p.insert("a", np.arange(10))
+    p.observe("a", np.arange(10), np.linspace(0.0, 0.2, 10))
+    assert p.evict(10) == {}
+    assert p.resident_tokens() == 10

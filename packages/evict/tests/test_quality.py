@@ -17,11 +17,11 @@ from kvpolicy.evict.quality import (
     POLICY_CHOICES,
     CausalLM,
     QualityResult,
-    attention_statistics,
     budget_tokens,
     decode_perplexity,
     evaluate,
     load_or_train_mlp,
+    model_attention_statistics,
     policy_factory,
     record_returns,
     record_windows,
@@ -192,7 +192,7 @@ class TestEvaluate:
     def test_unknown_policy_lists_the_known_ones(self) -> None:
         """An unknown name raises ValueError listing every known name."""
         with pytest.raises(
-            ValueError, match="must be one of full, fifo, lru, h2o, sink-window, token-pd: 'lfu'"
+            ValueError, match="must be one of full, fifo, h2o, lru, sink-window, token-pd: 'lfu'"
         ):
             policy_factory("lfu")
 
@@ -267,7 +267,7 @@ class TestRecord:
 class TestAttentionStatistics:
     def test_shares_are_consistent(self, tiny_lm: CausalLM, ids: torch.Tensor) -> None:
         """Shares lie in [0, 1] and the top-p% masses grow with p."""
-        s = attention_statistics(tiny_lm, ids, warmup=16)
+        s = model_attention_statistics(tiny_lm, ids, warmup=16)
         assert (s["layers"], s["heads"], s["tokens"]) == (2.0, 4.0, 48.0)
         for key in ("sink_mass_first_token", "sink_mass_first_4", "recent_mass_last_16"):
             assert 0 <= s[key] <= 1

@@ -17,12 +17,12 @@ import pytest
 from kvpolicy.evict.predictors import default_compact
 from kvpolicy.evict.quality import (
     CausalLM,
-    attention_statistics,
     decode_perplexity,
     default_text,
     gpl3_path,
     load_or_train_mlp,
     load_smollm2,
+    model_attention_statistics,
     policy_factory,
     record_windows,
     text_windows,
@@ -140,7 +140,7 @@ class TestAttentionStatistics:
     def test_one_sink_and_power_law_decay(self, lm: CausalLM, gpl3: object) -> None:
         """Token 0 takes ~30% of every query's attention, tokens 1-3 almost none, and the
         weight decays as d^-0.8 (the values of ATTENTION.md)."""
-        s = attention_statistics(lm, gpl3)
+        s = model_attention_statistics(lm, gpl3)
         assert s["sink_mass_first_token"] == pytest.approx(0.301, abs=0.01)
         assert s["sink_mass_first_4"] - s["sink_mass_first_token"] < 0.01
         assert s["decay_exponent"] == pytest.approx(0.81, abs=0.05)

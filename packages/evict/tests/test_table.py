@@ -110,6 +110,67 @@ class TestStreamMap:
         assert policy.resident_tokens() == sum(live.values())
         for name, n in list(live.items())[::97]:
             assert policy.resident_positions(name).tolist() == list(range(n))
-        assert policy._map_used - policy._map_garbage == sum(
-            int(policy._span[policy._index[n]]) for n in live
-        )
+        tab = policy.table
+        assert tab._map_used - tab._map_garbage == sum(int(tab._span[tab._index[n]]) for n in live)
+
+
+class TestTokenTable:
+    """The table's public API, without a policy."""
+
+    def test_add_lookup_and_keys(self) -> None:
+        """Slots come back in the order of the positions; keys are what new_keys gave."""
+        tab = table.TokenTable()
+        slots = tab.add("a", np.array([2, 0, 1]), lambda s: np.array([0.3, 0.1, 0.2]))
+        assert tab.lookup("a", np.array([0, 1, 2])).tolist() == slots[[1, 2, 0]].tolist()
+        assert tab.keys(slots).tolist() == [0.3, 0.1, 0.2]
+        assert tab.positions_of(slots).tolist() == [2, 0, 1]
+        assert tab.insertion_order(slots).tolist() == [0, 1, 2]
+        assert tab.resident_tokens() == tab.stream_tokens("a") == 3
+
+    def test_smallest_below_and_release(self) -> None:
+        """smallest and below select by key; release reports positions per stream."""
+        tab = table.TokenTable()
+        a = tab.add("a", np.arange(3), lambda s: np.array([0.5, 0.1, 0.9]))
+        tab.add(["b", "b"], np.array([0, 1]), lambda s: np.array([0.2, 0.05]))
+        tab.set_keys(a[:1], np.array([0.01]))
+        assert sorted(tab.keys(tab.smallest(2)).tolist()) == [0.01, 0.05]
+        assert sorted(tab.keys(tab.below(0.15)).tolist()) == [0.01, 0.05, 0.1]
+        out = tab.release(tab.smallest(3))
+        assert {k: v.tolist() for k, v in out.items()} == {"a": [0, 1], "b": [1]}
+        assert tab.resident_positions("a").tolist() == [2]
+
+    def test_protected_tokens_go_last(self) -> None:
+        """Sinks and the recent window are selected after every other token."""
+        tab = table.TokenTable(num_sink=1, recent_window=1)
+        tab.add("a", np.arange(4), lambda s: np.zeros(4))
+        assert sorted(tab.positions_of(tab.smallest(2)).tolist()) == [1, 2]
+        assert sorted(tab.positions_of(tab.smallest(3)).tolist()) == [0, 1, 2]  # older first
+
+    def test_columns_follow_growth(self) -> None:
+        """A policy's column keeps its values when the table grows."""
+        tab = table.TokenTable()
+        tab.add_column("risk", fill=-1.0)
+        first = tab.add("a", np.arange(10), lambda s: np.zeros(10))
+        tab.column("risk")[first] = np.arange(10.0)
+        tab.add("b", np.arange(5000), lambda s: np.zeros(5000))
+        assert tab.column("risk")[first].tolist() == list(np.arange(10.0))
+        with pytest.raises(ValueError, match="column 'risk' exists"):
+            tab.add_column("risk")
+
+    def test_protect_only_before_the_first_token(self) -> None:
+        """Protection grows to the larger setting, and only while the table is new."""
+        tab = table.TokenTable(num_sink=2)
+        tab.protect(num_sink=1, recent_window=3)
+        assert (tab.num_sink, tab.recent_window) == (2, 3)
+        tab.add("a", np.arange(2), lambda s: np.zeros(2))
+        with pytest.raises(ValueError, match="before the first token"):
+            tab.protect(num_sink=4)
+        with pytest.raises(TypeError, match="'recent_window' must be int"):
+            table.TokenTable(recent_window=1.5)  # type: ignore[arg-type]
+
+    def test_bad_streams_length(self) -> None:
+        """One id per position, or ValueError; nothing is added."""
+        tab = table.TokenTable()
+        with pytest.raises(ValueError, match="'streams' has 1 ids but 'positions' has 2"):
+            tab.add(["a"], np.arange(2), lambda s: np.zeros(2))
+        assert tab.resident_tokens() == 0

@@ -9,15 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.evict import (
-    POLICY_NAMES,
-    TokenPDConfig,
-    TokenPDPolicy,
-    UnknownPolicyError,
-    dual_update,
-    excess_value,
-    make_policy,
-)
+from kvpolicy.evict import TokenPDConfig, TokenPDPolicy, dual_update, excess_value
 
 
 def _sig(returns: list[float], risks: list[float] | None = None) -> np.ndarray:
@@ -192,39 +184,6 @@ class TestRollback:
         assert p.resident_tokens() == 5
         p.insert("a", np.array([5, 6]), _sig([0.01, 0.02]))
         assert {k: v.tolist() for k, v in p.evict(6).items()} == {"a": [5]}
-
-
-class TestRegistry:
-    """make_policy by name."""
-
-    def test_every_name_builds(self) -> None:
-        """Each name in POLICY_NAMES gives a policy of the matching class."""
-        kinds = {
-            name: type(make_policy(name, **({"recent_window": 4} if name == "h2o" else {})))
-            for name in POLICY_NAMES
-        }
-        assert [k.__name__ for k in kinds.values()] == [
-            "FIFOPolicy",
-            "LRUPolicy",
-            "H2OPolicy",
-            "SinkWindowPolicy",
-            "TokenPDPolicy",
-        ]
-
-    def test_token_pd_takes_fields_or_a_config(self) -> None:
-        """Fields of TokenPDConfig or config= both work."""
-        a = make_policy("token-pd", risk_aversion=0.3)
-        b = make_policy("token-pd", config=TokenPDConfig(risk_aversion=0.3))
-        assert isinstance(a, TokenPDPolicy)
-        assert isinstance(b, TokenPDPolicy)
-        assert a.config == b.config
-
-    def test_unknown_name_lists_the_known(self) -> None:
-        """An unknown name raises a ValueError listing every known name."""
-        with pytest.raises(ValueError, match="fifo, lru, h2o, sink-window, token-pd: 'arc'"):
-            make_policy("arc")
-        with pytest.raises(UnknownPolicyError):
-            make_policy("")
 
 
 @settings(max_examples=30, deadline=None)

@@ -10,12 +10,8 @@ from the other kvpolicy packages through kvmodel's Protocols (:func:`build_stack
 from __future__ import annotations
 
 from kvpolicy.sim.__about__ import __version__
-from kvpolicy.sim._attention import (
-    AttentionModel,
-    attention_recall,
-    attention_summary,
-    fit_attention,
-)
+from kvpolicy.sim._attention import AttentionModel
+from kvpolicy.sim._attention_fit import attention_recall, attention_summary, fit_attention
 from kvpolicy.sim._config import (
     AdmissionConfig,
     AttentionConfig,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kvpolicy.evict.__about__ import __version__
 from kvpolicy.evict._baselines import FIFOPolicy, H2OPolicy, LRUPolicy, SinkWindowPolicy
-from kvpolicy.evict._errors import EvictError, UnknownPolicyError
+from kvpolicy.evict._errors import EvictError
 from kvpolicy.evict._knapsack import (
     KnapsackRun,
     clairvoyant_value,
@@ -23,13 +23,13 @@ from kvpolicy.evict._preempt import (
     LeastProgressedFirst,
     PriorityAware,
 )
-from kvpolicy.evict._registry import POLICY_NAMES, make_policy
 from kvpolicy.evict._returns import ReturnPredictor
-from kvpolicy.evict._table import PROTECTED_OFFSET, ScoredPolicy
+from kvpolicy.evict._scored import ScoredPolicy
+from kvpolicy.evict._table import PROTECTED_OFFSET, TokenTable
 from kvpolicy.evict._tokenpd import TokenPDConfig, TokenPDPolicy, dual_update, excess_value
+from kvpolicy.evict._wrappers import Periodic, Protected, default_policies
 
 __all__ = [
-    "POLICY_NAMES",
     "PROTECTED_OFFSET",
     "CostAware",
     "EvictError",
@@ -39,18 +39,20 @@ __all__ = [
     "LRUPolicy",
     "LastInFirstOut",
     "LeastProgressedFirst",
+    "Periodic",
     "PriorityAware",
+    "Protected",
     "ReturnPredictor",
     "ScoredPolicy",
     "SinkWindowPolicy",
     "TokenPDConfig",
     "TokenPDPolicy",
-    "UnknownPolicyError",
+    "TokenTable",
     "__version__",
     "clairvoyant_value",
+    "default_policies",
     "dual_update",
     "excess_value",
-    "make_policy",
     "online_knapsack",
     "settling_step",
 ]

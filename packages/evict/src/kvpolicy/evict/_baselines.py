@@ -1,7 +1,8 @@
 """The baseline token policies: FIFO, LRU, H2O and sink+window (StreamingLLM).
 
-Each one only says what its eviction key is; storage, protection of sinks and recent
-windows, the batch-global hard budget and rollback live in :class:`ScoredPolicy`.
+Each one only says what its eviction key is (:class:`ScoredPolicy`'s hooks); storage,
+protection of sinks and recent windows, the batch-global hard budget and rollback live in
+its :class:`TokenTable`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from kvpolicy.evict._table import ScoredPolicy, _as_positions
+from kvpolicy.evict._scored import ScoredPolicy
 
 __all__ = ["FIFOPolicy", "H2OPolicy", "LRUPolicy", "SinkWindowPolicy"]
 
@@ -22,10 +23,11 @@ class FIFOPolicy(ScoredPolicy):
     def __init__(self) -> None:
         super().__init__()
 
-    def _new_keys(
+    def new_keys(
         self, slots: NDArray[np.int64], signals: NDArray[np.float64] | None
     ) -> NDArray[np.float64]:
-        return self._seq[slots].astype(np.float64)
+        """The insertion order: the oldest token goes first."""
+        return self.table.insertion_order(slots).astype(np.float64)
 
 
 class LRUPolicy(ScoredPolicy):
@@ -54,18 +56,20 @@ class LRUPolicy(ScoredPolicy):
         self._clock += n
         return stamps
 
-    def _new_keys(
+    def new_keys(
         self, slots: NDArray[np.int64], signals: NDArray[np.float64] | None
     ) -> NDArray[np.float64]:
+        """The next values of the use counter: inserting is a use."""
         return self._tick(slots.size)
 
-    def _on_observe(self, slots: NDArray[np.int64], attention: NDArray[np.float64]) -> None:
+    def observed(self, slots: NDArray[np.int64], attention: NDArray[np.float64]) -> None:
+        """Tokens with more than the threshold times the mean attention are used now."""
         if attention.size == 0:
             return
         used = slots[attention > self._threshold * float(attention.mean())]
         if used.size:
-            used = used[np.argsort(self._pos[used], kind="stable")]
-            self._set_raw(used, self._tick(used.size))
+            used = used[np.argsort(self.table.positions_of(used), kind="stable")]
+            self.table.set_keys(used, self._tick(used.size))
 
 
 class H2OPolicy(ScoredPolicy):
@@ -75,25 +79,39 @@ class H2OPolicy(ScoredPolicy):
     ``recent_window`` newest positions of each stream (and ``num_sink`` leading ones) are
     kept as long as the hard budget allows. Per-head H2O is the same policy with one stream
     per request and KV head (``"req7/h3"``).
+
+    Args:
+        recent_window: newest positions of each stream kept while the budget allows. The
+            default 32 is twice the 16 newest keys that draw 31% of a query's attention on
+            SmolLM2 (``quality/ATTENTION.md``): a token is judged by its accumulated
+            attention only once ~32 queries could attend to it, since a younger token's sum
+            does not compare with an older one's. H2O's even split of a budget ``B`` between
+            recent and heavy tokens is ``recent_window=B // 2`` (what the quality harness
+            uses).
+        num_sink: leading positions of each stream kept while the budget allows.
     """
 
-    def __init__(self, recent_window: int, num_sink: int = 0) -> None:
+    DEFAULT_RECENT_WINDOW = 32
+    """``recent_window`` when none is given."""
+
+    def __init__(self, recent_window: int = DEFAULT_RECENT_WINDOW, num_sink: int = 0) -> None:
         super().__init__(num_sink=num_sink, recent_window=recent_window)
 
-    def _new_keys(
+    def new_keys(
         self, slots: NDArray[np.int64], signals: NDArray[np.float64] | None
     ) -> NDArray[np.float64]:
+        """No attention accumulated yet."""
         return np.zeros(slots.size, dtype=np.float64)
 
-    def _on_observe(self, slots: NDArray[np.int64], attention: NDArray[np.float64]) -> None:
-        self._set_raw(slots, self._raw[slots] + attention)
+    def observed(self, slots: NDArray[np.int64], attention: NDArray[np.float64]) -> None:
+        """Accumulate the attention received."""
+        self.table.set_keys(slots, self.table.keys(slots) + attention)
 
     def accumulated_attention(
         self, stream: str, positions: NDArray[np.int64]
     ) -> NDArray[np.float64]:
         """(n,) float64 attention accumulated by resident ``positions`` of ``stream``."""
-        slots = self._lookup(stream, _as_positions(positions))
-        return self._raw[slots].copy()
+        return self.table.keys(self.table.lookup(stream, positions))
 
 
 class SinkWindowPolicy(ScoredPolicy):
@@ -107,7 +125,8 @@ class SinkWindowPolicy(ScoredPolicy):
     def __init__(self, num_sink: int = 4) -> None:
         super().__init__(num_sink=num_sink)
 
-    def _new_keys(
+    def new_keys(
         self, slots: NDArray[np.int64], signals: NDArray[np.float64] | None
     ) -> NDArray[np.float64]:
-        return self._seq[slots].astype(np.float64)
+        """The insertion order: the oldest token goes first."""
+        return self.table.insertion_order(slots).astype(np.float64)

@@ -91,7 +91,9 @@ class CostAware:
     computed. A request that frees nothing goes last.
 
     Args:
-        bytes_per_token: KV bytes of one token (``ModelSpec.kv_bytes_per_token()``).
+        bytes_per_token: KV bytes of one token (``ModelSpec.kv_bytes_per_token()``); every
+            request of a model has the same, so it scales the costs and leaves the order
+            unchanged (the default 1 counts in tokens).
         attention_weight: weight of the quadratic attention term of a prefill (>= 0).
     """
 

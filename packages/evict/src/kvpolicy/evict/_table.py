@@ -1,4 +1,7 @@
-"""The token table shared by every token policy: batch-global storage and selection.
+"""The token table under every token policy: batch-global storage and selection.
+
+:class:`TokenTable` holds the resident tokens of every stream on a GPU and their eviction
+keys; a policy (:class:`~kvpolicy.evict.ScoredPolicy`) only says what the keys are.
 
 Every resident token owns a *slot* in flat, growable numpy arrays (its stream, position,
 insertion number, eviction key). Each stream owns a segment of one flat ``map`` array,
@@ -32,13 +35,13 @@ they go last, and only when the hard budget cannot be met otherwise.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["PROTECTED_OFFSET", "ScoredPolicy"]
+__all__ = ["PROTECTED_OFFSET", "TokenTable", "check_budget"]
 
 PROTECTED_OFFSET = 2.0**60
 """Added to the key of a protected token, so that it is evicted after every other token."""
@@ -73,6 +76,24 @@ def _as_values(values: object, n: int, name: str) -> NDArray[np.float64]:
     return arr
 
 
+def check_budget(budget_tokens: object) -> int:
+    """``budget_tokens`` as an int; TypeError / ValueError unless it is an int >= 0."""
+    if not isinstance(budget_tokens, int | np.integer) or isinstance(budget_tokens, bool):
+        raise TypeError(f"'budget_tokens' must be int: {budget_tokens!r}")
+    budget = int(budget_tokens)
+    if budget < 0:
+        raise ValueError(f"'budget_tokens' must be >= 0: {budget}")
+    return budget
+
+
+def _check_counts(num_sink: object, recent_window: object) -> None:
+    for name, value in (("num_sink", num_sink), ("recent_window", recent_window)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"'{name}' must be int: {value!r}")
+        if value < 0:
+            raise ValueError(f"'{name}' must be >= 0: {value!r}")
+
+
 def _check_stream(stream: object) -> str:
     if not isinstance(stream, str):
         raise TypeError(f"'stream' must be str: {stream!r}")
@@ -85,25 +106,30 @@ def _grown(arr: NDArray[Any], new: int, fill: Any = 0) -> NDArray[Any]:
     return out
 
 
-class ScoredPolicy:
-    """Batch-global token eviction by smallest key; subclasses say what the key is.
+class TokenTable:
+    """The resident tokens of every stream on a GPU, each with an eviction key.
 
-    A subclass implements :meth:`_new_keys` (the raw key of freshly inserted tokens) and,
-    when attention matters to it, :meth:`_on_observe`. The base class stores the tokens,
-    protects ``num_sink`` leading positions and the ``recent_window`` newest positions of
-    each stream, enforces the hard budget in :meth:`evict`, and implements the rest of
-    kvmodel's ``EvictionPolicy`` Protocol plus :meth:`rollback` and :meth:`insert_many`.
+    Each resident token owns a *slot*: an index into the table's per-token columns (its
+    stream, position, insertion number, key, and the columns a policy adds with
+    :meth:`add_column`). Slots are what a policy's hooks receive; they stay valid while the
+    token is resident. Smaller keys are evicted first, ties by insertion order; the
+    ``num_sink`` leading positions and the ``recent_window`` newest positions of each stream
+    are *protected* (their key carries :data:`PROTECTED_OFFSET`), so they go only when the
+    hard budget cannot be met otherwise.
 
     Positions are token indices within a stream (dense from 0): memory per stream grows
     with its highest position.
+
+    Args:
+        num_sink: leading positions of each stream to protect (>= 0).
+        recent_window: newest positions of each stream to protect (>= 0).
+
+    Raises:
+        TypeError, ValueError: ``num_sink`` or ``recent_window`` is not an int >= 0.
     """
 
     def __init__(self, *, num_sink: int = 0, recent_window: int = 0) -> None:
-        for name, value in (("num_sink", num_sink), ("recent_window", recent_window)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"'{name}' must be int: {value!r}")
-            if value < 0:
-                raise ValueError(f"'{name}' must be >= 0: {value!r}")
+        _check_counts(num_sink, recent_window)
         self._num_sink = num_sink
         self._recent = recent_window
         # Per-slot columns.
@@ -120,6 +146,7 @@ class ScoredPolicy:
         self._nfree = cap
         self._next_seq = 0
         self._resident = 0
+        self._columns: dict[str, NDArray[Any]] = {}
         # Per-stream columns, indexed by stream index.
         self._index: dict[str, int] = {}
         self._names: list[str | None] = []
@@ -130,157 +157,29 @@ class ScoredPolicy:
         self._map = np.full(4096, -1, dtype=np.int64)
         self._map_used = 0
         self._map_garbage = 0
-        # Candidate set and its (key, insertion number) threshold.
+        # Candidate set and its (key, insertion number) threshold; `_pruned` says no key
+        # changed since the set was last pruned (pruning again would change nothing).
         self._cand = np.zeros(0, dtype=np.int64)
         self._tau_key = -math.inf
         self._tau_seq = 0
+        self._pruned = True
         self._rng = np.random.default_rng(0)
 
-    # ------------------------------------------------------------------ hooks
-    def _new_keys(
-        self,
-        slots: NDArray[np.int64],
-        signals: NDArray[np.float64] | None,
-    ) -> NDArray[np.float64]:
-        """Raw keys of tokens just written to ``slots`` (smaller is evicted first).
+    # ------------------------------------------------------------- contents
+    @property
+    def num_sink(self) -> int:
+        """Leading positions of each stream that are protected."""
+        return self._num_sink
 
-        ``signals`` is None or the already validated (n, k) float64 signals of those tokens.
-        """
-        raise NotImplementedError
+    @property
+    def recent_window(self) -> int:
+        """Newest positions of each stream that are protected."""
+        return self._recent
 
-    def _validate_signals(self, signals: object, n: int) -> NDArray[np.float64] | None:
-        """Check ``signals`` before anything changes; the default ignores them."""
-        if signals is None:
-            return None
-        arr = np.asarray(signals, dtype=np.float64)
-        if arr.ndim != 2 or arr.shape[0] != n:
-            raise ValueError(f"'signals' must have shape ({n}, k), got {arr.shape}")
-        return arr
-
-    def _on_observe(self, slots: NDArray[np.int64], attention: NDArray[np.float64]) -> None:
-        """Learn from attention; subclasses call :meth:`_set_raw` when keys change."""
-
-    def _on_grow(self, old: int, new: int) -> None:
-        """Subclasses grow their own per-slot columns to ``new`` entries."""
-
-    # ------------------------------------------------------------ public API
-    def insert(
-        self,
-        stream: str,
-        positions: NDArray[np.int64],
-        signals: NDArray[np.float64] | None = None,
-    ) -> None:
-        """Add tokens of one stream to the cache (seed 000's ``CacheInsert`` hook).
-
-        Args:
-            stream: stream id, e.g. ``"req7"`` or ``"req7/h3"`` for one KV head; created on
-                first use.
-            positions: (n,) int64 distinct positions not resident in ``stream``.
-            signals: optional (n, k) float64 per-token features; their meaning is the
-                policy's (see :class:`TokenPDPolicy`).
-
-        Raises:
-            TypeError: ``stream`` is not a str or ``positions`` not integers.
-            ValueError: a position is negative, repeated or already resident, or
-                ``signals`` has the wrong shape or bad values. Nothing changes then.
-        """
-        pos = _as_positions(positions)
-        self._insert(_check_stream(stream), pos, signals)
-
-    def insert_many(
-        self,
-        streams: Sequence[str],
-        positions: NDArray[np.int64],
-        signals: NDArray[np.float64] | None = None,
-    ) -> None:
-        """Add one decode step's tokens of many streams in one vectorised call.
-
-        Equivalent to one :meth:`insert` per stream, in order of first appearance.
-
-        Args:
-            streams: length-n stream ids, one per token.
-            positions: (n,) int64 positions, one per token.
-            signals: optional (n, k) float64 per-token features.
-
-        Raises:
-            TypeError, ValueError: as :meth:`insert`; nothing changes then.
-        """
-        names = list(streams)
-        pos = _as_positions(positions)
-        if len(names) != pos.size:
-            raise ValueError(
-                f"'streams' has {len(names)} ids but 'positions' has {pos.size} entries"
-            )
-        self._insert(names, pos, signals)
-
-    def observe(
-        self, stream: str, positions: NDArray[np.int64], attention: NDArray[np.float64]
-    ) -> None:
-        """Record attention mass received this step by resident tokens of one stream.
-
-        Args:
-            stream: stream id.
-            positions: (n,) int64 resident positions.
-            attention: (n,) float64 attention mass each received this step (>= 0).
-
-        Raises:
-            ValueError: unknown stream, a position not resident, or attention of the wrong
-                shape, NaN or negative. Nothing changes then.
-        """
-        pos = _as_positions(positions)
-        slots = self._lookup(stream, pos)
-        att = _as_values(attention, pos.size, "attention")
-        if slots.size:
-            self._on_observe(slots, att)
-
-    def evict(self, budget_tokens: int) -> Mapping[str, NDArray[np.int64]]:
-        """Evict the smallest keys until at most ``budget_tokens`` remain.
-
-        Args:
-            budget_tokens: hard budget in tokens, >= 0.
-
-        Returns:
-            For each stream that lost tokens, its (m,) int64 evicted positions, ascending.
-
-        Raises:
-            TypeError, ValueError: ``budget_tokens`` is not an int >= 0.
-        """
-        budget = self._check_budget(budget_tokens)
-        excess = self._resident - budget
-        if excess <= 0:
-            return {}
-        return self._release(self._smallest(excess))
-
-    def rollback(self, stream: str, positions: NDArray[np.int64]) -> None:
-        """Flag speculative tokens dead and reclaim their memory at once.
-
-        Args:
-            stream: stream id.
-            positions: (n,) int64 resident positions of rejected draft tokens.
-
-        Raises:
-            ValueError: unknown stream or a position not resident; nothing changes then.
-        """
-        pos = _as_positions(positions)
-        if pos.size > 1 and np.unique(pos).size != pos.size:
-            raise ValueError(f"'positions' must be distinct: {pos.tolist()[:10]}")
-        slots = self._lookup(stream, pos)
-        if slots.size:
-            self._release(slots)
-
-    def remove(self, stream: str) -> None:
-        """Forget a finished or preempted stream and all its tokens (unknown: no-op)."""
-        sid = self._index.get(_check_stream(stream))
-        if sid is None:
-            return
-        seg = self._segment(sid)
-        slots = seg[seg >= 0]
-        if slots.size:
-            self._release(slots)
-        del self._index[stream]
-        self._names[sid] = None
-        self._map_garbage += int(self._span[sid])
-        self._span[sid] = 0
+    @property
+    def streams(self) -> tuple[str, ...]:
+        """Ids of the streams known now, in order of first insertion."""
+        return tuple(self._index)
 
     def resident_tokens(self) -> int:
         """Tokens resident across every stream."""
@@ -298,21 +197,143 @@ class ScoredPolicy:
             return np.zeros(0, dtype=np.int64)
         return np.flatnonzero(self._segment(sid) >= 0).astype(np.int64)
 
-    @property
-    def streams(self) -> tuple[str, ...]:
-        """Ids of the streams known now, in order of first insertion."""
-        return tuple(self._index)
+    def protect(self, *, num_sink: int = 0, recent_window: int = 0) -> None:
+        """Protect at least ``num_sink`` leading and ``recent_window`` newest positions.
+
+        Each setting becomes the larger of the current one and the one given.
+
+        Raises:
+            TypeError, ValueError: a count is not an int >= 0.
+            ValueError: the table has held tokens already.
+        """
+        _check_counts(num_sink, recent_window)
+        if self._next_seq:
+            raise ValueError("protection can change only before the first token is added")
+        self._num_sink = max(self._num_sink, num_sink)
+        self._recent = max(self._recent, recent_window)
+
+    # ------------------------------------------------------------ changing
+    def add(
+        self,
+        streams: str | Sequence[str],
+        positions: NDArray[np.int64],
+        new_keys: Callable[[NDArray[np.int64]], NDArray[np.float64]],
+    ) -> NDArray[np.int64]:
+        """Make tokens resident and give them keys; nothing changes when it raises.
+
+        Args:
+            streams: one stream id for every token, or a length-n sequence of ids (one per
+                token); a stream is created on first use.
+            positions: (n,) int64 positions, distinct per stream and not resident.
+            new_keys: called once with the (n,) int64 slots just given to the tokens (in
+                the order of ``positions``), after their stream, position and insertion
+                number are written and before they can be evicted; returns their (n,)
+                float64 keys (smaller is evicted first).
+
+        Returns:
+            (n,) int64 slots of the tokens, in the order of ``positions``.
+
+        Raises:
+            TypeError: a stream id is not a str or ``positions`` not integers.
+            ValueError: a position is negative, repeated or already resident, or
+                ``streams`` and ``positions`` differ in length.
+        """
+        pos = _as_positions(positions)
+        if isinstance(streams, str):
+            return self._insert(streams, pos, new_keys)
+        names = list(streams)
+        if len(names) != pos.size:
+            raise ValueError(
+                f"'streams' has {len(names)} ids but 'positions' has {pos.size} entries"
+            )
+        return self._insert(names, pos, new_keys)
+
+    def release(self, slots: NDArray[np.int64]) -> dict[str, NDArray[np.int64]]:
+        """Evict the resident tokens at ``slots``: (n,) int64 distinct resident slots.
+
+        Returns:
+            For each stream that lost tokens, its (m,) int64 evicted positions, ascending.
+        """
+        return self._release(np.asarray(slots, dtype=np.int64))
+
+    def remove(self, stream: str) -> None:
+        """Forget a stream and all its tokens (unknown: no-op)."""
+        sid = self._index.get(_check_stream(stream))
+        if sid is None:
+            return
+        seg = self._segment(sid)
+        slots = seg[seg >= 0]
+        if slots.size:
+            self._release(slots)
+        del self._index[stream]
+        self._names[sid] = None
+        self._map_garbage += int(self._span[sid])
+        self._span[sid] = 0
+
+    # ------------------------------------------------------ per-token data
+    def lookup(self, stream: str, positions: NDArray[np.int64]) -> NDArray[np.int64]:
+        """(n,) int64 slots of resident ``positions`` of ``stream``.
+
+        Raises:
+            TypeError: ``stream`` is not a str or ``positions`` not integers.
+            ValueError: an unknown stream, or a position that is not resident.
+        """
+        return self._lookup(stream, _as_positions(positions))
+
+    def keys(self, slots: NDArray[np.int64]) -> NDArray[np.float64]:
+        """(n,) float64 keys of resident ``slots``, without the protection offset."""
+        out: NDArray[np.float64] = self._raw[slots]
+        return out
+
+    def set_keys(self, slots: NDArray[np.int64], keys: NDArray[np.float64]) -> None:
+        """Change the keys of resident ``slots``: (n,) int64 slots, (n,) float64 keys."""
+        self._raw[slots] = keys
+        self._key[slots] = keys + PROTECTED_OFFSET * self._prot[slots]
+        self._pruned = False
+        self._admit_candidates(slots)
+
+    def insertion_order(self, slots: NDArray[np.int64]) -> NDArray[np.int64]:
+        """(n,) int64 insertion numbers of ``slots``: 0 for the first token ever added."""
+        out: NDArray[np.int64] = self._seq[slots]
+        return out
+
+    def positions_of(self, slots: NDArray[np.int64]) -> NDArray[np.int64]:
+        """(n,) int64 positions of ``slots`` within their streams."""
+        out: NDArray[np.int64] = self._pos[slots]
+        return out
+
+    def add_column(self, name: str, fill: float = 0.0, dtype: type = np.float64) -> None:
+        """Add a per-token column a policy keeps its own state in (see :meth:`column`).
+
+        Raises:
+            ValueError: a column of that name exists.
+        """
+        if name in self._columns:
+            raise ValueError(f"column {name!r} exists")
+        self._columns[name] = np.full(self._cap, fill, dtype=dtype)
+
+    def column(self, name: str) -> NDArray[Any]:
+        """The per-token column ``name``, indexed by slot.
+
+        Read and write it in place (``table.column("risk")[slots] = ...``); the array is
+        replaced when the table grows, so fetch it again after :meth:`add`.
+        """
+        return self._columns[name]
+
+    # ------------------------------------------------------------ selection
+    def smallest(self, k: int) -> NDArray[np.int64]:
+        """(k,) int64 slots of the ``k`` resident tokens of smallest (key, insertion order).
+
+        Protected tokens come after every other one. ``k`` must not exceed
+        :meth:`resident_tokens`.
+        """
+        return self._smallest(k)
+
+    def below(self, limit: float) -> NDArray[np.int64]:
+        """int64 slots of the resident tokens whose key is < ``limit`` (protection counted)."""
+        return self._below(limit)
 
     # -------------------------------------------------------------- internals
-    @staticmethod
-    def _check_budget(budget_tokens: object) -> int:
-        if not isinstance(budget_tokens, int | np.integer) or isinstance(budget_tokens, bool):
-            raise TypeError(f"'budget_tokens' must be int: {budget_tokens!r}")
-        budget = int(budget_tokens)
-        if budget < 0:
-            raise ValueError(f"'budget_tokens' must be >= 0: {budget}")
-        return budget
-
     def _segment(self, sid: int) -> NDArray[np.int64]:
         b = int(self._base[sid])
         return self._map[b : b + int(self._span[sid])]
@@ -332,12 +353,16 @@ class ScoredPolicy:
             raise ValueError(f"positions not resident in stream {stream!r}: {bad[:5].tolist()}")
         return slots
 
-    def _insert(self, names: str | list[str], pos: NDArray[np.int64], signals: object) -> None:
+    def _insert(
+        self,
+        names: str | list[str],
+        pos: NDArray[np.int64],
+        new_keys: Callable[[NDArray[np.int64]], NDArray[np.float64]],
+    ) -> NDArray[np.int64]:
         """Validate everything, then write; ``names`` is one stream or one per token."""
         n = pos.size
-        sig = self._validate_signals(signals, n)
         if n == 0:
-            return
+            return np.zeros(0, dtype=np.int64)
         index = self._index
         if isinstance(names, str):
             one = index.get(names, -1)
@@ -385,7 +410,8 @@ class ScoredPolicy:
             for s_, p_ in zip(streams.tolist(), top.tolist(), strict=True):
                 self._ensure(s_, p_)
         slots = self._alloc(n)
-        self._write(slots, sid, pos, sig)
+        self._write(slots, sid, pos, new_keys)
+        return slots
 
     def _check_free(
         self,
@@ -480,14 +506,15 @@ class ScoredPolicy:
         self._free = free
         self._nfree += new - old
         self._cap = new
-        self._on_grow(old, new)
+        for name, col in self._columns.items():
+            self._columns[name] = _grown(col, new)
 
     def _write(
         self,
         slots: NDArray[np.int64],
         sid: NDArray[np.int64],
         pos: NDArray[np.int64],
-        sig: NDArray[np.float64] | None,
+        new_keys: Callable[[NDArray[np.int64]], NDArray[np.float64]],
     ) -> None:
         n = slots.size
         self._sid[slots] = sid
@@ -520,7 +547,7 @@ class ScoredPolicy:
                 gone = self._map[idx]
                 gone = gone[gone >= 0]
         self._prot[slots] = prot
-        raw = self._new_keys(slots, sig)
+        raw = new_keys(slots)
         self._raw[slots] = raw
         self._key[slots] = raw + PROTECTED_OFFSET * prot
         self._admit_candidates(slots)
@@ -530,12 +557,6 @@ class ScoredPolicy:
                 self._prot[gone] = False
                 self._key[gone] = self._raw[gone]
                 self._admit_candidates(gone)
-
-    def _set_raw(self, slots: NDArray[np.int64], raw: NDArray[np.float64]) -> None:
-        """Change the raw key of resident ``slots``, keeping the candidate invariant."""
-        self._raw[slots] = raw
-        self._key[slots] = raw + PROTECTED_OFFSET * self._prot[slots]
-        self._admit_candidates(slots)
 
     def _under_tau(self, slots: NDArray[np.int64]) -> NDArray[np.bool_]:
         key = self._key[slots]
@@ -560,6 +581,7 @@ class ScoredPolicy:
             self._in_cand[cand[~keep]] = False
             cand = cand[keep]
             self._cand = cand
+        self._pruned = True
         return cand
 
     def _rebuild_candidates(self, k: int) -> None:
@@ -596,6 +618,7 @@ class ScoredPolicy:
         self._tau_key = tk
         self._tau_seq = ts
         self._in_cand[cand] = True
+        self._pruned = True
 
     def _lex_smallest(self, idx: NDArray[np.int64], m: int) -> tuple[NDArray[np.int64], float, int]:
         """The ``m`` smallest of ``idx`` by (key, seq) and the first pair left out."""
@@ -618,12 +641,9 @@ class ScoredPolicy:
             return np.flatnonzero(self._key[: self._cap] < limit)
         return cand[self._key[cand] < limit]
 
-    def _smallest(self, k: int, pruned: bool = False) -> NDArray[np.int64]:
-        """The ``k`` resident slots of smallest (key, insertion number).
-
-        ``pruned`` says the candidate set was pruned since the last change of any key.
-        """
-        cand = self._cand if pruned else self._prune_candidates()
+    def _smallest(self, k: int) -> NDArray[np.int64]:
+        """The ``k`` resident slots of smallest (key, insertion number)."""
+        cand = self._cand if self._pruned else self._prune_candidates()
         if cand.size < k:
             self._rebuild_candidates(k)
             cand = self._cand
@@ -641,6 +661,7 @@ class ScoredPolicy:
         streams, counts = np.unique(sid, return_counts=True)
         self._live[streams] -= counts
         self._key[slots] = math.inf
+        self._pruned = False
         self._free[self._nfree : self._nfree + slots.size] = slots
         self._nfree += slots.size
         self._resident -= slots.size

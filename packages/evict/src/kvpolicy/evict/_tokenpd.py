@@ -9,7 +9,7 @@ shared by every stream on the GPU, the excess value of a token is::
 and the keep rule (eq. 4) keeps exactly the tokens with ``g >= 0``. After each step the price
 follows the exponentiated dual update of eq. 5 (``mu <- mu * exp(eta * (demand - M) / M)``,
 ``eta ∝ 1/sqrt(T)``). Evicting means popping the smallest ``g`` first from a structure shared
-by every stream (``ScoredPolicy``'s candidate set plays the paper's shared heap); after the
+by every stream (the :class:`TokenTable`'s candidate set plays the paper's shared heap); after the
 keep rule, tokens are popped until the hard budget holds, which the paper does not promise.
 
 See the package README for where seed 000 is ambiguous and what is chosen here.
@@ -26,11 +26,13 @@ from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of, optional
 from numpy.typing import NDArray
 
-from kvpolicy.evict._table import ScoredPolicy, _as_positions
+from kvpolicy.evict._scored import ScoredPolicy
+from kvpolicy.evict._table import check_budget
 
 __all__ = ["TokenPDConfig", "TokenPDPolicy", "dual_update", "excess_value"]
 
 _MAX_EXPONENT = 20.0
+_COLUMNS = ("prior_r", "prior_v", "count", "mean", "m2")
 
 
 def _finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -149,12 +151,10 @@ class TokenPDPolicy(ScoredPolicy):
         self._price: float | None = cfg.initial_price
         self._steps = 0
         self._last_demand = 0
-        cap = self._cap
-        self._prior_r = np.zeros(cap, dtype=np.float64)
-        self._prior_v = np.zeros(cap, dtype=np.float64)
-        self._count = np.zeros(cap, dtype=np.float64)
-        self._mean = np.zeros(cap, dtype=np.float64)
-        self._m2 = np.zeros(cap, dtype=np.float64)
+        # Per token: predicted return and risk, and Welford's count, mean and sum of
+        # squared deviations of the realised returns.
+        for name in _COLUMNS:
+            self.table.add_column(name)
 
     @property
     def config(self) -> TokenPDConfig:
@@ -180,8 +180,7 @@ class TokenPDPolicy(ScoredPolicy):
         self, stream: str, positions: NDArray[np.int64]
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Current ``(R_hat, sigma_hat^2)`` of resident ``positions``, each (n,) float64."""
-        slots = self._lookup(stream, _as_positions(positions))
-        return self._estimate(slots)
+        return self._estimate(self.table.lookup(stream, positions))
 
     def excess_values(self, stream: str, positions: NDArray[np.int64]) -> NDArray[np.float64]:
         """(n,) float64 excess values ``g`` at the current price (0 before it is set)."""
@@ -189,8 +188,9 @@ class TokenPDPolicy(ScoredPolicy):
         return excess_value(r, v, self._price or 0.0, self._cfg)
 
     # ------------------------------------------------------------------ hooks
-    def _validate_signals(self, signals: object, n: int) -> NDArray[np.float64] | None:
-        arr = super()._validate_signals(signals, n)
+    def check_signals(self, signals: object, n: int) -> NDArray[np.float64] | None:
+        """Column 0 (the predicted return) and column 1 (the risk) must be finite, >= 0."""
+        arr = super().check_signals(signals, n)
         if arr is None:
             return None
         if arr.shape[1] < 1:
@@ -210,37 +210,35 @@ class TokenPDPolicy(ScoredPolicy):
                 )
         return arr
 
-    def _on_grow(self, old: int, new: int) -> None:
-        for name in ("_prior_r", "_prior_v", "_count", "_mean", "_m2"):
-            arr = getattr(self, name)
-            grown = np.zeros(new, dtype=np.float64)
-            grown[:old] = arr
-            setattr(self, name, grown)
-
-    def _new_keys(
+    def new_keys(
         self, slots: NDArray[np.int64], signals: NDArray[np.float64] | None
     ) -> NDArray[np.float64]:
+        """``g + mu c`` of the predicted return and risk (the defaults without signals)."""
         cfg = self._cfg
+        col = self.table.column
         if signals is None:
-            self._prior_r[slots] = cfg.default_return
-            self._prior_v[slots] = cfg.default_risk
+            col("prior_r")[slots] = cfg.default_return
+            col("prior_v")[slots] = cfg.default_risk
         else:
-            self._prior_r[slots] = signals[:, 0]
-            self._prior_v[slots] = signals[:, 1] if signals.shape[1] >= 2 else cfg.default_risk
-        self._count[slots] = 0.0
-        self._mean[slots] = 0.0
-        self._m2[slots] = 0.0
+            col("prior_r")[slots] = signals[:, 0]
+            col("prior_v")[slots] = signals[:, 1] if signals.shape[1] >= 2 else cfg.default_risk
+        col("count")[slots] = 0.0
+        col("mean")[slots] = 0.0
+        col("m2")[slots] = 0.0
         return self._value(slots)
 
-    def _on_observe(self, slots: NDArray[np.int64], attention: NDArray[np.float64]) -> None:
+    def observed(self, slots: NDArray[np.int64], attention: NDArray[np.float64]) -> None:
+        """Fold the attention received (a realised return) into the running estimate."""
         # Welford's running mean and sum of squared deviations of the realised returns.
-        n = self._count[slots] + 1.0
-        delta = attention - self._mean[slots]
-        mean = self._mean[slots] + delta / n
-        self._m2[slots] += delta * (attention - mean)
-        self._mean[slots] = mean
-        self._count[slots] = n
-        self._set_raw(slots, self._value(slots))
+        col = self.table.column
+        count, mean_col = col("count"), col("mean")
+        n = count[slots] + 1.0
+        delta = attention - mean_col[slots]
+        mean = mean_col[slots] + delta / n
+        col("m2")[slots] += delta * (attention - mean)
+        mean_col[slots] = mean
+        count[slots] = n
+        self.table.set_keys(slots, self._value(slots))
 
     def _estimate(
         self, slots: NDArray[np.int64]
@@ -248,14 +246,12 @@ class TokenPDPolicy(ScoredPolicy):
         # The prediction is a prior worth `prior_weight` observations; the realised returns
         # (per-step attention mass) and their spread update it.
         w0 = self._cfg.prior_weight
-        n = self._count[slots]
+        col = self.table.column
+        n = col("count")[slots]
+        prior_r, prior_v = col("prior_r")[slots], col("prior_v")[slots]
         denom = np.maximum(w0 + n, 1e-300)
-        r = np.where(
-            n > 0, (w0 * self._prior_r[slots] + n * self._mean[slots]) / denom, self._prior_r[slots]
-        )
-        v = np.where(
-            n > 0, (w0 * self._prior_v[slots] + self._m2[slots]) / denom, self._prior_v[slots]
-        )
+        r = np.where(n > 0, (w0 * prior_r + n * col("mean")[slots]) / denom, prior_r)
+        v = np.where(n > 0, (w0 * prior_v + col("m2")[slots]) / denom, prior_v)
         return r, v
 
     def _value(self, slots: NDArray[np.int64]) -> NDArray[np.float64]:
@@ -281,24 +277,25 @@ class TokenPDPolicy(ScoredPolicy):
         Returns:
             For each stream that lost tokens, its (m,) int64 evicted positions, ascending.
         """
-        budget = self._check_budget(budget_tokens)
+        budget = check_budget(budget_tokens)
         cfg = self._cfg
+        table = self.table
         self._steps += 1
         out: dict[str, NDArray[np.int64]] = {}
-        demand = self._resident
+        demand = table.resident_tokens()
         if self._price is not None and cfg.keep_rule:
-            below = self._below(self._price * cfg.token_cost)
+            below = table.below(self._price * cfg.token_cost)
             demand -= below.size
             if below.size:
-                out = self._release(below)
+                out = table.release(below)
         self._last_demand = demand
-        over = self._resident - budget
+        over = table.resident_tokens() - budget
         if over > 0:
-            victims = self._smallest(over, pruned=not out)
+            victims = table.smallest(over)
             if self._price is None:
-                top = float(self._raw[victims].max())
+                top = float(table.keys(victims).max())
                 self._price = max(top / cfg.token_cost, cfg.min_price)
-            for name, pos in self._release(victims).items():
+            for name, pos in table.release(victims).items():
                 prev = out.get(name)
                 out[name] = pos if prev is None else np.sort(np.concatenate((prev, pos)))
         if self._price is not None:

@@ -253,12 +253,12 @@ def train(max_tokens: int, epochs: int, compact_out: pathlib.Path | None) -> Non
 def stats(tokens: int, text: pathlib.Path | None, as_json: bool) -> None:
     """Attention sink mass, decay with distance and heavy-hitter concentration of the model."""
     _require()
-    from kvpolicy.evict.quality import attention_statistics, load_smollm2
+    from kvpolicy.evict.quality import load_smollm2, model_attention_statistics
 
     content, source = _read_text(text)
     with Console(stderr=True).status("loading SmolLM2-135M-Instruct"):
         lm = load_smollm2()
-    values = attention_statistics(lm, _encode(lm, content, tokens, source))
+    values = model_attention_statistics(lm, _encode(lm, content, tokens, source))
     if as_json:
         click.echo(json.dumps(values, indent=2))
         return

@@ -18,7 +18,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from kvpolicy.sim._attention import attention_summary, fit_attention
+from kvpolicy.sim._attention_fit import attention_summary, fit_attention
 
 __all__ = ["fit_attention_cmd"]
 

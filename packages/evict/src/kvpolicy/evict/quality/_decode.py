@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 from attrs import field, frozen
 from attrs.validators import ge, instance_of
-from numpy.typing import NDArray
 
+from kvpolicy.evict._returns import ReturnPredictor
 from kvpolicy.evict.predictors import CompactReturnPredictor, compact_features
 from kvpolicy.evict.quality._model import CausalLM
 from kvpolicy.kvmodel import EvictionPolicy
@@ -33,23 +33,12 @@ from kvpolicy.kvmodel import EvictionPolicy
 __all__ = [
     "DecodeResult",
     "FeatureKind",
-    "ReturnPredictorLike",
     "decode_perplexity",
     "feature_kind",
 ]
 
 FeatureKind = Literal["logits", "compact"]
 """What a return predictor reads: the raw (1, V) logits or the (1, 4) compact features."""
-
-
-class ReturnPredictorLike(Protocol):
-    """What the harness needs of a return predictor (kvpolicy.evict's ReturnPredictor)."""
-
-    def predict(
-        self, features: NDArray[np.float64]
-    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """``(returns, risks)``, both (n,) float64, for (n, k) float64 ``features``."""
-        ...
 
 
 _ATTENTION = "kvpolicy_ragged_eager"
@@ -130,7 +119,7 @@ def decode_perplexity(
     input_ids: Any,
     make_policy: Callable[[], EvictionPolicy] | None,
     budget_tokens: int,
-    predictor: ReturnPredictorLike | None = None,
+    predictor: ReturnPredictor | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> DecodeResult:
     """Perplexity of ``input_ids`` decoded one token at a time under a KV budget.
@@ -177,7 +166,7 @@ def _decode(
     ids: Any,
     policies: list[EvictionPolicy] | None,
     budget_tokens: int,
-    predictor: ReturnPredictorLike | None,
+    predictor: ReturnPredictor | None,
     kind: FeatureKind,
     cache: Any,
     progress: Callable[[int], None] | None,

@@ -9,10 +9,10 @@ from typing import Any
 from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of, le
 
-from kvpolicy.evict._registry import POLICY_NAMES
-from kvpolicy.evict.quality._decode import ReturnPredictorLike, decode_perplexity
+from kvpolicy.evict._returns import ReturnPredictor
+from kvpolicy.evict.quality._decode import decode_perplexity
 from kvpolicy.evict.quality._model import CausalLM
-from kvpolicy.kvmodel import EvictionPolicy
+from kvpolicy.kvmodel import EVICTION, EvictionPolicy, build, names
 
 __all__ = [
     "FULL",
@@ -27,8 +27,9 @@ __all__ = [
 FULL = "full"
 """Name of the no-eviction baseline (the full KV cache)."""
 
-POLICY_CHOICES: tuple[str, ...] = (FULL, *POLICY_NAMES)
-"""Names :func:`policy_factory` knows: the full cache and kvpolicy.evict's policies."""
+POLICY_CHOICES: tuple[str, ...] = (FULL, *names(EVICTION))
+"""Names :func:`policy_factory` knows: the full cache and every installed eviction policy
+(``kvpolicy.eviction`` entry points)."""
 
 
 @frozen
@@ -83,22 +84,20 @@ def _bind(factory: Callable[[int], EvictionPolicy], budget: int) -> Callable[[],
 def policy_factory(name: str) -> Callable[[int], EvictionPolicy] | None:
     """The factory :func:`evaluate` uses for a policy name (None for ``"full"``).
 
-    Settings per budget ``B`` tokens: H2O keeps a recent window of ``B // 2`` (the
-    heavy-hitter/recent split of the H2O paper), sink+window keeps 4 sinks (StreamingLLM),
-    Token-PD, FIFO and LRU take their defaults.
+    Policies are built by kvmodel's resolver (``build(EVICTION, name, params)``) with their
+    defaults, except that per budget ``B`` tokens H2O keeps a recent window of ``B // 2``
+    (the heavy-hitter/recent split of the H2O paper).
 
     Raises:
         ValueError: unknown name; the message lists :data:`POLICY_CHOICES`.
     """
-    from kvpolicy.evict import make_policy
-
     if name == FULL:
         return None
     if name not in POLICY_CHOICES:
         raise ValueError(f"'policy' must be one of {', '.join(POLICY_CHOICES)}: {name!r}")
     if name == "h2o":
-        return lambda budget: make_policy("h2o", recent_window=max(1, budget // 2))
-    return lambda _budget: make_policy(name)
+        return lambda budget: build(EVICTION, name, {"recent_window": max(1, budget // 2)})
+    return lambda _budget: build(EVICTION, name)
 
 
 def evaluate(
@@ -106,7 +105,7 @@ def evaluate(
     input_ids: Any,
     policies: Mapping[str, Callable[[int], EvictionPolicy] | None],
     budgets: Sequence[float],
-    predictor: ReturnPredictorLike | None = None,
+    predictor: ReturnPredictor | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[QualityResult]:
     """Perplexity of each policy at each budget on ``input_ids``.
