@@ -49,17 +49,22 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def load_workload(spec: str) -> list[WorkloadRequest]:
-    """``uniform:N[:SEED]`` (prompts 16-1024, outputs 16-512 tokens, distinct) or a JSON
-    file of ``[{"prompt_len": .., "max_tokens": .., "prefix": ..}]`` (``prefix``: tokens
-    shared with every other request carrying the same ``prefix_id``)."""
+    """``uniform:N[:SEED[:GAP]]`` (prompts 16-1024, outputs 16-512 tokens, distinct; with
+    ``GAP``, Poisson arrivals a mean of ``GAP`` steps apart) or a JSON file of
+    ``[{"prompt_len": .., "max_tokens": .., "prefix": .., "arrival_step": ..}]``
+    (``prefix``: tokens shared with every other request carrying the same ``prefix_id``)."""
     if spec.startswith("uniform:"):
         parts = spec.split(":")
         n, seed = int(parts[1]), int(parts[2]) if len(parts) > 2 else 0
+        gap = float(parts[3]) if len(parts) > 3 else 0.0
         rng = random.Random(seed)
-        return [
-            WorkloadRequest(str(i), [i % 997 + 3] * rng.randint(16, 1024), rng.randint(16, 512))
-            for i in range(n)
-        ]
+        out, t = [], 0.0
+        for i in range(n):
+            prompt, tokens = rng.randint(16, 1024), rng.randint(16, 512)
+            out.append(WorkloadRequest(str(i), [i % 997 + 3] * prompt, tokens, int(t)))
+            if gap > 0:
+                t += rng.expovariate(1.0 / gap)
+        return out
     path = pathlib.Path(spec)
     if not path.is_file():
         raise ConfigError(f"'--workload': neither uniform:N nor a file: {spec!r}")
@@ -67,7 +72,8 @@ def load_workload(spec: str) -> list[WorkloadRequest]:
     for i, row in enumerate(json.loads(path.read_text())):
         shared = [int(row.get("prefix_id", 0)) + 1] * int(row.get("prefix", 0))
         own = [i % 997 + 3] * (int(row["prompt_len"]) - len(shared))
-        out.append(WorkloadRequest(str(i), shared + own, int(row["max_tokens"])))
+        step = int(row.get("arrival_step", 0))
+        out.append(WorkloadRequest(str(i), shared + own, int(row["max_tokens"]), step))
     return out
 
 
@@ -81,8 +87,9 @@ def _sim_requests(workload: Sequence[WorkloadRequest], block_size: int) -> list[
             decode_len=r.max_tokens,
             prefix_hashes=chain_block_hashes(list(r.prompt), block_size),
             hash_block_size=block_size,
+            arrival_time=float(r.arrival_step),
         )
-        for r in workload
+        for r in sorted(workload, key=lambda r: r.arrival_step)
     ]
 
 
@@ -104,16 +111,13 @@ def crosscheck(
     ``vllm`` stack on ``workload``, their relative differences (sim / vLLM - 1) and the
     rank correlation of per-request finish steps.
 
+    Requests may arrive over time (``arrival_step``): the simulator runs on a time model in
+    which every iteration lasts exactly one second (a fixed overhead of 1 s on a device of
+    unbounded speed), so its clock counts vLLM's steps, idle ones included.
+
     Raises:
-        ConfigError: requests that do not all arrive at step 0 (the simulator's arrivals
-            are in seconds of its time model, which has no fixed step length yet), or a
-            kvpolicy config with features the simulator's stack cannot take.
+        ConfigError: a kvpolicy config with features the simulator's stack cannot take.
     """
-    if any(r.arrival_step for r in workload):
-        raise ConfigError(
-            "crosscheck: arrivals over time need step-based arrivals in kvpolicy-sim; "
-            "give every request arrival_step 0"
-        )
     cfg = load_config(dict(kvpolicy or {}))
     if cfg.tenancy is not None or cfg.block_eviction is not None:
         raise ConfigError("crosscheck: only 'admission' and 'preemption' have a sim side")
@@ -154,11 +158,15 @@ def crosscheck(
     stack = attrs.evolve(stack, **changes)
     requests = _sim_requests(workload, block_size)
     model = MODEL_PRESETS["SmolLM2-135M"]
-    gpu = GPU_PRESETS["H100-SXM"]
-    result = sim.simulate(requests, model, gpu, stack, workload_name="crosscheck")
+    # One iteration = one second exactly: arrivals at step k arrive at time k, and the
+    # clock after an iteration is the number of vLLM steps done, idle ones included.
+    gpu = attrs.evolve(
+        GPU_PRESETS["H100-SXM"], name="unit-step", hbm_bandwidth=1e300, peak_flops=1e300
+    )
+    timing = sim.TimingModel(model, gpu, overhead_s=1.0)
+    result = sim.simulate(requests, model, gpu, stack, workload_name="crosscheck", timing=timing)
     rec = result.record
-    finish = rec.finish_step if getattr(rec, "finish_step", None) is not None else rec.finish
-    sim_finish = {r.request_id: float(f) for r, f in zip(rec.requests, finish, strict=True)}
+    sim_finish = {r.request_id: float(f) for r, f in zip(rec.requests, rec.finish, strict=True)}
     ids = [r.request_id for r in workload]
     row_real = {
         "steps": real.steps,
@@ -166,7 +174,7 @@ def crosscheck(
         "recomputed_tokens": real.recomputed_tokens,
     }
     row_sim = {
-        "steps": int(rec.iterations),
+        "steps": round(float(rec.end_time)),
         "preemptions": int(np.asarray(rec.preemptions).sum()),
         "recomputed_tokens": int(rec.recomputed_tokens),
     }
