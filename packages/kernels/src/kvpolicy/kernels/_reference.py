@@ -97,6 +97,11 @@ def select_evictions_torch(
     m = min(n, max(below, n - budget_tokens))
     if m == 0:
         return EvictionSelection(torch.zeros(0, dtype=torch.int64, device=g.device), n - below)
-    # A stable sort breaks ties by index; +0.0 folds -0.0 into 0.0 as evict's comparisons do.
-    order = torch.sort(g.float() + 0.0, stable=True).indices[:m]
-    return EvictionSelection(torch.sort(order).values, n - below)
+    if m == n:
+        return EvictionSelection(torch.arange(n, device=g.device), n - below)
+    # The m-th smallest value, everything below it, then its ties by index (-0.0 == 0.0).
+    kth = torch.kthvalue(g.float(), m).values
+    take = g < kth
+    ties = torch.nonzero(g == kth).flatten()
+    take[ties[: m - int(take.sum())]] = True
+    return EvictionSelection(torch.nonzero(take).flatten(), n - below)

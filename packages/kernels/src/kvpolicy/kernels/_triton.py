@@ -198,19 +198,29 @@ def _score_finish(
     tl.store(g_ptr + rows, g, mask=rmask)
 
 
-def _score_blocks(b: int, v: int, wide: bool, interpret: bool) -> tuple[int, int, int]:
+def _score_blocks(
+    b: int, v: int, hidden: int, elem: int, wide: bool, interpret: bool
+) -> tuple[int, int, int]:
     """(BLOCK_B, BLOCK_V, SPLITS): few big steps under the interpreter, occupancy on a GPU.
 
-    ``wide``: fp32 operands of the MLP dot, whose W1 tiles need half the BLOCK_V to fit
-    the A100's 164 KiB of shared memory.
+    More vocabulary slices fill more SMs but each writes and re-reads a (B, H) fp32
+    partial; the slices are capped so that this traffic stays within a quarter of the
+    bytes streamed (logits + W1), with at least SMs/2 programs. Untuned: no GPU was at
+    hand when this was written (see the README). ``wide``: fp32 operands of the MLP dot,
+    whose W1 tiles need half the BLOCK_V to fit the A100's 164 KiB of shared memory.
     """
     if interpret:
         return 16, 256, max(1, min(4, triton.cdiv(v, 256)))
     block_b = 16 if b <= 16 else 64
     block_v = 32 if wide else 64
     row_blocks = triton.cdiv(b, block_b)
-    splits = max(1, min(triton.cdiv(v, 4 * block_v), (4 * _SM_GUESS) // row_blocks))
-    return block_b, block_v, splits
+    most = triton.cdiv(v, 4 * block_v)
+    occupancy = 2 * _SM_GUESS // row_blocks
+    if hidden:
+        streamed = (b * v + v * hidden) * elem
+        cap = streamed // (4 * b * hidden * 8)
+        occupancy = max(_SM_GUESS // (2 * row_blocks), min(occupancy, cap))
+    return block_b, block_v, max(1, min(most, occupancy))
 
 
 def score_tokens_triton(
@@ -227,7 +237,10 @@ def score_tokens_triton(
     dev = logits.device
     has_mlp = isinstance(predictor, MLPWeights)
     wide = has_mlp and logits.dtype == torch.float32
-    block_b, block_v, splits = _score_blocks(b, v, wide, interpret)
+    hidden_or_0 = predictor.hidden if isinstance(predictor, MLPWeights) else 0
+    block_b, block_v, splits = _score_blocks(
+        b, v, hidden_or_0, logits.element_size(), wide, interpret
+    )
     cols = triton.cdiv(triton.cdiv(v, splits), block_v) * block_v
     splits = triton.cdiv(v, cols)
     f32 = torch.float32
@@ -236,7 +249,7 @@ def score_tokens_triton(
     offset = params.recompute_penalty - params.price * params.token_cost
     if isinstance(predictor, MLPWeights):
         w1t, rowsum, b1, w2 = predictor.prepared(logits.dtype, dev)
-        hidden = predictor.hidden
+        hidden = hidden_or_0
         acc = torch.empty((splits, b, hidden), dtype=f32, device=dev)
         cw = stats  # unused pointers
         pos = att = stats
