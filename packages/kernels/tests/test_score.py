@@ -7,7 +7,15 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from kvpolicy.kernels import TOLERANCES, CompactWeights, MLPWeights, ScoreParams, score_tokens
+from kvpolicy.kernels import (
+    TOLERANCES,
+    Backend,
+    CompactWeights,
+    MLPWeights,
+    ScoreParams,
+    score_tokens,
+    select_evictions,
+)
 
 LogitsFactory = Callable[[int, int, torch.dtype, torch.device], torch.Tensor]
 MLPFactory = Callable[..., MLPWeights]
@@ -105,17 +113,35 @@ class TestScoreCompact:
 
 
 class TestScoreInputs:
-    def test_rejects_nan_logits(
-        self, make_logits: LogitsFactory, make_mlp: MLPFactory, compact: CompactWeights
+    @pytest.mark.parametrize("backend", ["torch", "triton"])
+    @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+    def test_non_finite_rows_come_out_nan(
+        self,
+        backend: Backend,
+        bad: float,
+        device: torch.device,
+        make_logits: LogitsFactory,
+        make_mlp: MLPFactory,
+        compact: CompactWeights,
     ) -> None:
-        """NaN or inf logits raise before any launch."""
-        z = make_logits(3, 20, torch.float32, torch.device("cpu"))
-        z[1, 4] = float("nan")
-        with pytest.raises(ValueError, match="finite"):
-            score_tokens(z, make_mlp(20), PARAMS)
-        z[1, 4] = float("-inf")
-        with pytest.raises(ValueError, match="finite"):
-            score_tokens(z, make_mlp(20), PARAMS, backend="triton")
+        """A NaN/inf logit or attention makes its row NaN; the other rows are untouched."""
+        dev = device if backend == "triton" else torch.device("cpu")
+        z = make_logits(4, 300, torch.float16, dev)
+        mlp = make_mlp(300)
+        clean = score_tokens(z, mlp, PARAMS, backend=backend)
+        z[1, 250] = bad
+        got = score_tokens(z, mlp, PARAMS, backend=backend)
+        att = torch.full((4,), 0.01, device=dev)
+        att[2] = bad
+        pos = torch.arange(4, device=dev)
+        got_c = score_tokens(z, compact, PARAMS, positions=pos, attention=att, backend=backend)
+        for out in got:
+            assert out.isnan().cpu().tolist() == [False, True, False, False]
+        for out in got_c:
+            assert out.isnan().cpu().tolist() == [False, True, True, False]
+        torch.testing.assert_close(got.excess[[0, 2, 3]], clean.excess[[0, 2, 3]])
+        with pytest.raises(ValueError, match="NaN"):
+            select_evictions(got.excess, 2)
 
     def test_rejects_unsupported_dtype(
         self, make_logits: LogitsFactory, make_mlp: MLPFactory, compact: CompactWeights

@@ -67,7 +67,10 @@ def score_tokens(
 
     Args:
         logits: (B, V) float32/float16/bfloat16 next-token logits at each token's step,
-            rows contiguous (stride 1 along V); finite (NaN/inf raise ValueError).
+            rows contiguous (stride 1 along V). A row holding a NaN or +-inf logit (or a
+            non-finite ``attention``) comes out as NaN in all three outputs: checking
+            beforehand would read the logits a second time and stall on a host sync, and a
+            NaN g is refused by :func:`select_evictions`, so it cannot evict silently.
         predictor: seed 000's logits MLP (:class:`MLPWeights`, V == its vocab_size) or
             evict's compact predictor (:class:`CompactWeights`).
         params: lambda, delta, c and the current price mu.
@@ -81,7 +84,7 @@ def score_tokens(
 
     Raises:
         TypeError: a wrong type or an unsupported dtype.
-        ValueError: mismatched shapes or devices, non-contiguous rows, NaN/inf logits.
+        ValueError: mismatched shapes or devices, non-contiguous rows.
     """
     z = _check_tensor("logits", logits, 2)
     if z.dtype not in SUPPORTED_DTYPES:
@@ -113,16 +116,11 @@ def score_tokens(
         for name, t in (("positions", pos), ("attention", att)):
             if t.device != z.device:
                 raise ValueError(f"'{name}' is on {t.device}, 'logits' on {z.device}")
-        if not bool(torch.isfinite(att).all()):
-            raise ValueError("'attention' must be finite")
         positions, attention = pos.contiguous(), att.contiguous()
     else:
         raise TypeError(
             f"'predictor' must be MLPWeights or CompactWeights: {type(predictor).__name__}"
         )
-    # One reduction (and one host sync): a NaN would poison every statistic of its row.
-    if not bool(torch.isfinite(z).all()):
-        raise ValueError("'logits' must be finite: NaN/inf entries (mask with a large negative)")
     if _backend(backend, z.device) == "torch":
         return score_tokens_torch(z, predictor, params, positions, attention)
     from kvpolicy.kernels._triton import score_tokens_triton

@@ -59,6 +59,10 @@ def score_tokens_torch(
 ) -> TokenScores:
     """Reference of :func:`kvpolicy.kernels.score_tokens` (inputs already validated)."""
     z = logits.float()
+    # Non-finite logits are zeroed for the arithmetic and their rows reported as NaN.
+    finite = torch.isfinite(z)
+    bad = ~finite.all(dim=1)
+    z = torch.where(finite, z, 0.0)
     lse = torch.logsumexp(z, dim=1)
     if isinstance(predictor, MLPWeights):
         w1t, _rowsum, b1, w2 = predictor.prepared(logits.dtype, logits.device)
@@ -68,6 +72,9 @@ def score_tokens_torch(
     else:
         assert positions is not None
         assert attention is not None
+        att_ok = torch.isfinite(attention)
+        bad |= ~att_ok
+        attention = torch.where(att_ok, attention, 0.0)
         p = torch.exp(z - lse[:, None])
         # -sum p log p = lse - sum p z (no log of a zero probability).
         entropy = lse - (p * z).sum(dim=1)
@@ -79,7 +86,9 @@ def score_tokens_torch(
         + params.recompute_penalty
         - params.price * params.token_cost
     )
-    return TokenScores(returns.float(), risks.float(), excess.float())
+    nan = torch.tensor(float("nan"), device=z.device)
+    out = [torch.where(bad, nan, x.float()) for x in (returns, risks, excess)]
+    return TokenScores(out[0], out[1], out[2])
 
 
 def select_evictions_torch(

@@ -10,11 +10,13 @@ Scoring, for B new tokens with logits ``z`` of shape (B, V)::
     pass 1  _score_partial: one read of its logits tile, in BLOCK_V steps:
               online max m, S = sum e^(z-m), T = sum e^(z-m) (z-m)      (log-softmax stats)
               acc += z_tile @ W1^T_tile      (MLP only; tensor cores, fp32 accumulation)
-            -> stats (3, SPLITS, B) f32 and acc (SPLITS, B, H) f32
+              count of non-finite logits (zeroed, so the arithmetic stays finite)
+            -> stats (4, SPLITS, B) f32 and acc (SPLITS, B, H) f32
     pass 2  _score_finish: merge the splits, lse = M + log S,
               MLP:     R = sigmoid(w2 . relu(acc - lse * rowsum(W1) + b1) + b2), var = risk
               compact: entropy = log S - T / S, top = 1 / S -> evict's log-linear model
               g = R - lambda var + delta - mu c          -> R, var, g as (B,) f32
+              a row with a non-finite logit (or arrival attention) -> NaN in all three
 
 Where the bytes go (the HBM traffic, pass 1 dominates): the logits, ``B * V * bytes`` read
 once; ``W1^T``, ``V * H * bytes`` read once from HBM (programs of one vocabulary slice run
@@ -76,6 +78,7 @@ def _score_partial(
     m = tl.full((BLOCK_B,), float("-inf"), tl.float32)
     s = tl.zeros((BLOCK_B,), tl.float32)
     t = tl.zeros((BLOCK_B,), tl.float32)
+    bad = tl.zeros((BLOCK_B,), tl.float32)
     acc = tl.zeros((BLOCK_B, H), tl.float32)
     hs = tl.arange(0, H)
     for vs in range(v0, v_end, BLOCK_V):
@@ -86,6 +89,10 @@ def _score_partial(
             z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :], mask=mask, other=0.0
         )
         zf = z.to(tl.float32)
+        nonfinite = mask & ((zf != zf) | (tl.abs(zf) == float("inf")))
+        bad += tl.sum(nonfinite.to(tl.float32), axis=1)
+        zf = tl.where(nonfinite, 0.0, zf)
+        z = tl.where(nonfinite, 0.0, z)
         zm = tl.where(mask, zf, float("-inf"))
         m_new = tl.maximum(m, tl.max(zm, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -113,6 +120,7 @@ def _score_partial(
     tl.store(stats_ptr + base, m, mask=rmask)
     tl.store(stats_ptr + num_s * B + base, s, mask=rmask)
     tl.store(stats_ptr + 2 * num_s * B + base, t, mask=rmask)
+    tl.store(stats_ptr + 3 * num_s * B + base, bad, mask=rmask)
     if HAS_MLP:
         tl.store(acc_ptr + base[:, None].to(tl.int64) * H + hs[None, :], acc, mask=rmask[:, None])
 
@@ -152,6 +160,7 @@ def _score_finish(
     big_m = tl.where(big_m == float("-inf"), 0.0, big_m)
     s = tl.zeros((BLOCK_B,), tl.float32)
     t = tl.zeros((BLOCK_B,), tl.float32)
+    bad = tl.zeros((BLOCK_B,), tl.float32)
     hs = tl.arange(0, H)
     acc = tl.zeros((BLOCK_B, H), tl.float32)
     for k in range(num_s):
@@ -161,6 +170,7 @@ def _score_finish(
         alpha = tl.exp(mk - big_m)
         t += alpha * (tk + (tl.where(sk > 0, mk, big_m) - big_m) * sk)
         s += alpha * sk
+        bad += tl.load(stats_ptr + (3 * num_s + k) * B + rows, mask=rmask, other=0.0)
         if HAS_MLP:
             idx = (k * B + rows[:, None]).to(tl.int64) * H + hs[None, :]
             acc += tl.load(acc_ptr + idx, mask=rmask[:, None], other=0.0)
@@ -178,9 +188,10 @@ def _score_finish(
         entropy = tl.log(s) - t / s
         top = 1.0 / s
         pos = tl.maximum(tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.float32), 0.0)
-        att = tl.minimum(
-            tl.maximum(tl.load(att_ptr + rows, mask=rmask, other=0.0).to(tl.float32), 0.0), 1.0
-        )
+        att = tl.load(att_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+        att_bad = (att != att) | (tl.abs(att) == float("inf"))
+        bad += att_bad.to(tl.float32)
+        att = tl.minimum(tl.maximum(tl.where(att_bad, 0.0, att), 0.0), 1.0)
         log_mean = (
             tl.load(cw_ptr)
             + tl.load(cw_ptr + 1) * entropy
@@ -193,6 +204,10 @@ def _score_finish(
         r = tl.exp(tl.minimum(log_mean + half_s2, 0.0))
         var = expm1_s2 * tl.exp(tl.minimum(2.0 * log_mean + 2.0 * half_s2, 0.0))
     g = r - lam * var + offset
+    nan = float("nan")
+    r = tl.where(bad > 0, nan, r)
+    var = tl.where(bad > 0, nan, var)
+    g = tl.where(bad > 0, nan, g)
     tl.store(r_ptr + rows, r, mask=rmask)
     tl.store(v_ptr + rows, var, mask=rmask)
     tl.store(g_ptr + rows, g, mask=rmask)
@@ -244,7 +259,7 @@ def score_tokens_triton(
     cols = triton.cdiv(triton.cdiv(v, splits), block_v) * block_v
     splits = triton.cdiv(v, cols)
     f32 = torch.float32
-    stats = torch.empty((3, splits, b), dtype=f32, device=dev)
+    stats = torch.empty((4, splits, b), dtype=f32, device=dev)
     out = torch.empty((3, b), dtype=f32, device=dev)
     offset = params.recompute_penalty - params.price * params.token_cost
     if isinstance(predictor, MLPWeights):
