@@ -152,7 +152,8 @@ def kernels(session: nox.Session) -> None:
     """kvpolicy-kernels without a GPU: Triton's interpreter against the torch reference, and
     ahead-of-time compilation of every kernel for sm_80 (A100) and sm_90 (H100)."""
     _install(session, "kernels", "[test]")
-    session.install(*TEST_DEPS)
+    # evict too, so that the checks against TokenPDPolicy and evict's predictors run.
+    session.install(str(DIST_DIRS["kvmodel"]), str(DIST_DIRS["evict"]), *TEST_DEPS)
     session.run(
         "pytest",
         str(DIST_DIRS["kernels"] / "tests"),
