@@ -108,3 +108,18 @@ class TestEvictUsesKernels:
         gpu = pred.predict_logits(z.cuda(), pos, att)
         np.testing.assert_allclose(gpu[0], cpu[0], atol=1e-5, rtol=1e-4)
         np.testing.assert_allclose(gpu[1], cpu[1], atol=1e-5, rtol=1e-4)
+
+    @pytest.mark.gpu
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+    def test_cuda_mlp_takes_the_kernel(self) -> None:
+        """LogitsMLPPredictor.predict_logits on CUDA fp32 logits agrees with its CPU path."""
+        v = 49_152
+        net = torch.nn.Sequential(
+            torch.nn.Linear(v, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1), torch.nn.Sigmoid()
+        )
+        pred = predictors.LogitsMLPPredictor(net, risk=0.02)
+        z = torch.randn(64, v) * 2
+        cpu = pred.predict_logits(z)
+        net.cuda()
+        gpu = pred.predict_logits(z.cuda())
+        torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-4, rtol=1e-3)

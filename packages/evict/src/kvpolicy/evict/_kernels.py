@@ -28,23 +28,34 @@ _MLP_CACHE: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], float, Any]] =
 )
 
 
-def kernels_usable(logits: object) -> bool:
-    """True when ``logits`` is a CUDA tensor and kvpolicy-kernels is installed."""
-    return _HAS_KERNELS and bool(getattr(logits, "is_cuda", False))
+def kernels_usable(logits: Any) -> bool:
+    """True for (n, V) fp32/fp16/bf16 CUDA logits, rows contiguous, kvpolicy-kernels installed.
+
+    Anything else (float64, strided rows, CPU, numpy) keeps evict's own path.
+    """
+    if not (_HAS_KERNELS and bool(getattr(logits, "is_cuda", False))):
+        return False
+    from kvpolicy.kernels import SUPPORTED_DTYPES
+
+    return bool(logits.dtype in SUPPORTED_DTYPES and logits.ndim == 2 and logits.stride(1) == 1)
 
 
 def mlp_returns(predictor: LogitsMLPPredictor, logits: Any) -> Any:
     """(n,) float32 CUDA tensor of the MLP's returns from the fused kernel, or None."""
-    if not kernels_usable(logits):
+    net = predictor.network
+    first: Any = net[0]
+    last: Any = net[2]
+    hidden = int(first.out_features)
+    # The kernel's tile holds the whole hidden layer: a power of 2 in [16, 512].
+    if not kernels_usable(logits) or hidden & (hidden - 1) or not 16 <= hidden <= 512:
         return None
+    if int(logits.shape[1]) != predictor.vocab_size:
+        return None  # evict's own path raises its usual error
     from kvpolicy import kernels
 
-    net = predictor.network
     version = tuple(p._version for p in net.parameters())
     cached = _MLP_CACHE.get(net)
     if cached is None or cached[0] != version or cached[1] != predictor.risk:
-        first: Any = net[0]
-        last: Any = net[2]
         weights = kernels.MLPWeights(
             first.weight, first.bias, last.weight[0], float(last.bias.detach()), predictor.risk
         )
