@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import numpy as np
@@ -26,6 +27,7 @@ from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of, optional
 from numpy.typing import NDArray
 
+from kvpolicy.evict._kernels import signals_from_logits
 from kvpolicy.evict._scored import ScoredPolicy
 from kvpolicy.evict._table import check_budget
 
@@ -186,6 +188,23 @@ class TokenPDPolicy(ScoredPolicy):
         """(n,) float64 excess values ``g`` at the current price (0 before it is set)."""
         r, v = self.estimates(stream, positions)
         return excess_value(r, v, self._price or 0.0, self._cfg)
+
+    def insert_logits(
+        self,
+        stream: str,
+        positions: NDArray[np.int64],
+        logits: Any,
+        predictor: object,
+        attention: Any = None,
+    ) -> None:
+        """:meth:`insert` with signals predicted from the tokens' (n, V) logits.
+
+        ``predictor`` is a ``CompactReturnPredictor`` (needs (n,) ``attention``) or a
+        ``LogitsMLPPredictor``; CUDA logits are priced by kvpolicy-kernels' fused kernel
+        when that extra is installed (``kvpolicy-evict[kernels]``).
+        """
+        signals = signals_from_logits(predictor, logits, positions, attention)
+        self.insert(stream, positions, signals)
 
     # ------------------------------------------------------------------ hooks
     def check_signals(self, signals: object, n: int) -> NDArray[np.float64] | None:

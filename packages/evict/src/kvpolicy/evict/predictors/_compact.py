@@ -22,7 +22,7 @@ import json
 import math
 import pathlib
 from collections.abc import Iterable
-from typing import SupportsFloat
+from typing import Any, SupportsFloat
 
 import numpy as np
 from attrs import field, frozen
@@ -151,6 +151,18 @@ class CompactReturnPredictor:
         returns = np.exp(np.minimum(log_mean + s2 / 2.0, 0.0))
         risks = np.expm1(s2) * np.exp(np.minimum(2.0 * log_mean + s2, 0.0))
         return returns, risks
+
+    def predict_logits(
+        self, logits: Any, positions: Any, attention: Any
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """:meth:`predict` from (n, V) logits, (n,) positions and (n,) arrival attention.
+
+        CUDA logits go through kvpolicy-kernels' fused Triton kernel when it is installed;
+        anything else through :func:`compact_features`.
+        """
+        from kvpolicy.evict._kernels import compact_scores
+
+        return compact_scores(self, logits, positions, attention)
 
 
 def fit_compact(

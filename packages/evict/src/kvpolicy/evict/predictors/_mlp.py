@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from kvpolicy.evict._kernels import mlp_returns
 from kvpolicy.evict.predictors._validate import as_feature_matrix
 
 __all__ = ["MLP_HIDDEN", "LogitsMLPPredictor", "load_mlp", "save_mlp", "train_mlp"]
@@ -81,7 +82,13 @@ class LogitsMLPPredictor:
         return out, np.full(len(out), self.risk)
 
     def predict_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Returns for (n, vocab_size) float logits as an (n,) float32 tensor (no numpy trip)."""
+        """Returns for (n, vocab_size) float logits as an (n,) float32 tensor (no numpy trip).
+
+        CUDA logits go through kvpolicy-kernels' fused Triton kernel when it is installed.
+        """
+        fused = mlp_returns(self, logits)
+        if fused is not None:
+            return fused  # type: ignore[no-any-return]
         with torch.no_grad():
             out: torch.Tensor = self._net(torch.log_softmax(logits.float(), dim=-1))[:, 0]
         return out

@@ -1,0 +1,411 @@
+# ruff: noqa: N803  (Triton convention: compile-time tile sizes and flags in capitals)
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (triton.jit is untyped, and annotations on a jitted function change how Triton specialises it.)
+"""The Triton kernels: fused Token-PD scoring and batch-global eviction selection.
+
+Scoring, for B new tokens with logits ``z`` of shape (B, V)::
+
+    grid (ceil(B / BLOCK_B), SPLITS)    program (b, s) owns rows [b*BLOCK_B, (b+1)*BLOCK_B)
+                                        and vocabulary slice s of ~V / SPLITS columns
+    pass 1  _score_partial: one read of its logits tile, in BLOCK_V steps:
+              online max m, S = sum e^(z-m), T = sum e^(z-m) (z-m)      (log-softmax stats)
+              acc += z_tile @ W1^T_tile      (MLP only; tensor cores, fp32 accumulation)
+              count of non-finite logits (zeroed, so the arithmetic stays finite)
+            -> stats (4, SPLITS, B) f32 and acc (SPLITS, B, H) f32
+    pass 2  _score_finish: merge the splits, lse = M + log S,
+              MLP:     R = sigmoid(w2 . relu(acc - lse * rowsum(W1) + b1) + b2), var = risk
+              compact: entropy = log S - T / S, top = 1 / S -> evict's log-linear model
+              g = R - lambda var + delta - mu c          -> R, var, g as (B,) f32
+              a row with a non-finite logit (or arrival attention) -> NaN in all three
+
+Where the bytes go (the HBM traffic, pass 1 dominates): the logits, ``B * V * bytes`` read
+once; ``W1^T``, ``V * H * bytes`` read once from HBM (programs of one vocabulary slice run
+side by side, the row block fastest, so the other row blocks find it in L2); the partials,
+``SPLITS * B * (H + 3) * 4`` written once and read once by pass 2; 12 bytes per token out.
+``W1 (z - lse) = W1 z - lse * rowsum(W1)`` is what lets the dot run before lse is known.
+
+Selection, over g of N resident tokens: a radix select of the m-th smallest key (4 passes of
+an 8-bit histogram of the order-preserving uint32 image of g, ``_radix_hist``), then a
+per-block count (``_select_count``) and an ordered compaction (``_select_write``) of the
+tokens below that key and of the first ``need`` tokens equal to it (ties by index).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kvpolicy.kernels._params import (
+    CompactWeights,
+    EvictionSelection,
+    MLPWeights,
+    ScoreParams,
+    TokenScores,
+)
+
+__all__ = ["score_tokens_triton", "select_evictions_triton"]
+
+_SM_GUESS = 132  # H100 SXM; only sets how many vocabulary slices the grid gets.
+
+
+@triton.jit
+def _score_partial(
+    z_ptr,
+    w_ptr,
+    stats_ptr,
+    acc_ptr,
+    B,
+    V,
+    stride_z,
+    cols_per_split,
+    H: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    HAS_MLP: tl.constexpr,
+    IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    num_s = tl.num_programs(1)
+    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    rmask = rows < B
+    v0 = pid_s * cols_per_split
+    v_end = tl.minimum(v0 + cols_per_split, V)
+    m = tl.full((BLOCK_B,), float("-inf"), tl.float32)
+    s = tl.zeros((BLOCK_B,), tl.float32)
+    t = tl.zeros((BLOCK_B,), tl.float32)
+    bad = tl.zeros((BLOCK_B,), tl.float32)
+    acc = tl.zeros((BLOCK_B, H), tl.float32)
+    hs = tl.arange(0, H)
+    for vs in range(v0, v_end, BLOCK_V):
+        cols = vs + tl.arange(0, BLOCK_V)
+        cmask = cols < v_end
+        mask = rmask[:, None] & cmask[None, :]
+        z = tl.load(
+            z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :], mask=mask, other=0.0
+        )
+        zf = z.to(tl.float32)
+        nonfinite = mask & ((zf != zf) | (tl.abs(zf) == float("inf")))
+        bad += tl.sum(nonfinite.to(tl.float32), axis=1)
+        zf = tl.where(nonfinite, 0.0, zf)
+        z = tl.where(nonfinite, 0.0, z)
+        zm = tl.where(mask, zf, float("-inf"))
+        m_new = tl.maximum(m, tl.max(zm, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        e = tl.exp(zm - m_safe[:, None])
+        d = tl.where(mask, zf - m_safe[:, None], 0.0)
+        # (m - m_safe) * s, written so that an empty row (m = -inf, s = 0) gives 0, not NaN.
+        shift = (tl.where(s > 0, m, m_safe) - m_safe) * s
+        t = alpha * (t + shift) + tl.sum(e * d, axis=1)
+        s = alpha * s + tl.sum(e, axis=1)
+        m = m_new
+        if HAS_MLP:
+            w = tl.load(
+                w_ptr + cols[:, None].to(tl.int64) * H + hs[None, :], mask=cmask[:, None], other=0.0
+            )
+            if UPCAST:
+                # Triton's CPU interpreter multiplies bf16 tiles wrongly; bf16 x bf16
+                # products are exact in fp32, so the upcast dot is the same arithmetic.
+                acc = tl.dot(z.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+            elif IEEE:
+                acc = tl.dot(z, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(z, w, acc)
+    base = pid_s * B + rows
+    tl.store(stats_ptr + base, m, mask=rmask)
+    tl.store(stats_ptr + num_s * B + base, s, mask=rmask)
+    tl.store(stats_ptr + 2 * num_s * B + base, t, mask=rmask)
+    tl.store(stats_ptr + 3 * num_s * B + base, bad, mask=rmask)
+    if HAS_MLP:
+        tl.store(acc_ptr + base[:, None].to(tl.int64) * H + hs[None, :], acc, mask=rmask[:, None])
+
+
+@triton.jit
+def _score_finish(
+    stats_ptr,
+    acc_ptr,
+    rowsum_ptr,
+    b1_ptr,
+    w2_ptr,
+    cw_ptr,
+    pos_ptr,
+    att_ptr,
+    r_ptr,
+    v_ptr,
+    g_ptr,
+    B,
+    num_s,
+    b2,
+    const_risk,
+    half_s2,
+    expm1_s2,
+    lam,
+    offset,
+    H: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    HAS_MLP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)
+    rmask = rows < B
+    big_m = tl.full((BLOCK_B,), float("-inf"), tl.float32)
+    for k in range(num_s):
+        mk = tl.load(stats_ptr + k * B + rows, mask=rmask, other=0.0)
+        big_m = tl.maximum(big_m, mk)
+    big_m = tl.where(big_m == float("-inf"), 0.0, big_m)
+    s = tl.zeros((BLOCK_B,), tl.float32)
+    t = tl.zeros((BLOCK_B,), tl.float32)
+    bad = tl.zeros((BLOCK_B,), tl.float32)
+    hs = tl.arange(0, H)
+    acc = tl.zeros((BLOCK_B, H), tl.float32)
+    for k in range(num_s):
+        mk = tl.load(stats_ptr + k * B + rows, mask=rmask, other=0.0)
+        sk = tl.load(stats_ptr + (num_s + k) * B + rows, mask=rmask, other=0.0)
+        tk = tl.load(stats_ptr + (2 * num_s + k) * B + rows, mask=rmask, other=0.0)
+        alpha = tl.exp(mk - big_m)
+        t += alpha * (tk + (tl.where(sk > 0, mk, big_m) - big_m) * sk)
+        s += alpha * sk
+        bad += tl.load(stats_ptr + (3 * num_s + k) * B + rows, mask=rmask, other=0.0)
+        if HAS_MLP:
+            idx = (k * B + rows[:, None]).to(tl.int64) * H + hs[None, :]
+            acc += tl.load(acc_ptr + idx, mask=rmask[:, None], other=0.0)
+    s = tl.where(rmask, s, 1.0)
+    if HAS_MLP:
+        lse = big_m + tl.log(s)
+        rowsum = tl.load(rowsum_ptr + hs)
+        b1 = tl.load(b1_ptr + hs)
+        w2 = tl.load(w2_ptr + hs)
+        h = tl.maximum(acc - lse[:, None] * rowsum[None, :] + b1[None, :], 0.0)
+        logit = tl.sum(h * w2[None, :], axis=1) + b2
+        r = 1.0 / (1.0 + tl.exp(-logit))
+        var = tl.zeros((BLOCK_B,), tl.float32) + const_risk
+    else:
+        entropy = tl.log(s) - t / s
+        top = 1.0 / s
+        pos = tl.maximum(tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.float32), 0.0)
+        att = tl.load(att_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+        att_bad = (att != att) | (tl.abs(att) == float("inf"))
+        bad += att_bad.to(tl.float32)
+        att = tl.minimum(tl.maximum(tl.where(att_bad, 0.0, att), 0.0), 1.0)
+        log_mean = (
+            tl.load(cw_ptr)
+            + tl.load(cw_ptr + 1) * entropy
+            + tl.load(cw_ptr + 2) * top
+            + tl.load(cw_ptr + 3) * tl.log(1.0 + pos)
+            + tl.load(cw_ptr + 4) / (1.0 + pos)
+            + tl.load(cw_ptr + 5) * att
+            + tl.load(cw_ptr + 6) * tl.log(att + 1e-6)
+        )
+        r = tl.exp(tl.minimum(log_mean + half_s2, 0.0))
+        var = expm1_s2 * tl.exp(tl.minimum(2.0 * log_mean + 2.0 * half_s2, 0.0))
+    g = r - lam * var + offset
+    nan = float("nan")
+    r = tl.where(bad > 0, nan, r)
+    var = tl.where(bad > 0, nan, var)
+    g = tl.where(bad > 0, nan, g)
+    tl.store(r_ptr + rows, r, mask=rmask)
+    tl.store(v_ptr + rows, var, mask=rmask)
+    tl.store(g_ptr + rows, g, mask=rmask)
+
+
+def _score_blocks(
+    b: int, v: int, hidden: int, elem: int, wide: bool, interpret: bool
+) -> tuple[int, int, int]:
+    """(BLOCK_B, BLOCK_V, SPLITS): few big steps under the interpreter, occupancy on a GPU.
+
+    More vocabulary slices fill more SMs but each writes and re-reads a (B, H) fp32
+    partial; the slices are capped so that this traffic stays within a quarter of the
+    bytes streamed (logits + W1), with at least SMs/2 programs. Untuned: no GPU was at
+    hand when this was written (see the README). ``wide``: fp32 operands of the MLP dot,
+    whose W1 tiles need half the BLOCK_V to fit the A100's 164 KiB of shared memory.
+    """
+    if interpret:
+        return 16, 256, max(1, min(4, triton.cdiv(v, 256)))
+    block_b = 16 if b <= 16 else 64
+    block_v = 32 if wide else 64
+    row_blocks = triton.cdiv(b, block_b)
+    most = triton.cdiv(v, 4 * block_v)
+    occupancy = 2 * _SM_GUESS // row_blocks
+    if hidden:
+        streamed = (b * v + v * hidden) * elem
+        cap = streamed // (4 * b * hidden * 8)
+        occupancy = max(_SM_GUESS // (2 * row_blocks), min(occupancy, cap))
+    return block_b, block_v, max(1, min(most, occupancy))
+
+
+def score_tokens_triton(
+    logits: torch.Tensor,
+    predictor: MLPWeights | CompactWeights,
+    params: ScoreParams,
+    positions: torch.Tensor | None = None,
+    attention: torch.Tensor | None = None,
+    *,
+    interpret: bool = False,
+) -> TokenScores:
+    """Launch the two scoring passes (inputs already validated by the dispatcher)."""
+    b, v = logits.shape
+    dev = logits.device
+    has_mlp = isinstance(predictor, MLPWeights)
+    wide = has_mlp and logits.dtype == torch.float32
+    hidden_or_0 = predictor.hidden if isinstance(predictor, MLPWeights) else 0
+    block_b, block_v, splits = _score_blocks(
+        b, v, hidden_or_0, logits.element_size(), wide, interpret
+    )
+    cols = triton.cdiv(triton.cdiv(v, splits), block_v) * block_v
+    splits = triton.cdiv(v, cols)
+    f32 = torch.float32
+    stats = torch.empty((4, splits, b), dtype=f32, device=dev)
+    out = torch.empty((3, b), dtype=f32, device=dev)
+    offset = params.recompute_penalty - params.price * params.token_cost
+    if isinstance(predictor, MLPWeights):
+        w1t, rowsum, b1, w2 = predictor.prepared(logits.dtype, dev)
+        hidden = hidden_or_0
+        acc = torch.empty((splits, b, hidden), dtype=f32, device=dev)
+        cw = stats  # unused pointers
+        pos = att = stats
+        b2, risk, half_s2, expm1_s2 = predictor.b2, predictor.risk, 0.0, 0.0
+    else:
+        assert positions is not None
+        assert attention is not None
+        hidden = 16
+        w1t = rowsum = b1 = w2 = acc = stats
+        cw = torch.tensor(predictor.weights, dtype=f32, device=dev)
+        pos, att = positions, attention
+        s2 = predictor.residual_variance
+        b2, risk, half_s2, expm1_s2 = 0.0, 0.0, s2 / 2.0, math.expm1(s2)
+    _score_partial[(triton.cdiv(b, block_b), splits)](
+        logits,
+        w1t,
+        stats,
+        acc,
+        b,
+        v,
+        logits.stride(0),
+        cols,
+        H=hidden,
+        BLOCK_B=block_b,
+        BLOCK_V=block_v,
+        HAS_MLP=has_mlp,
+        IEEE=logits.dtype == torch.float32,
+        UPCAST=interpret and logits.dtype == torch.bfloat16,
+        num_warps=8 if has_mlp else 4,
+    )
+    _score_finish[(triton.cdiv(b, block_b),)](
+        stats,
+        acc,
+        rowsum,
+        b1,
+        w2,
+        cw,
+        pos,
+        att,
+        out[0],
+        out[1],
+        out[2],
+        b,
+        splits,
+        b2,
+        risk,
+        half_s2,
+        expm1_s2,
+        params.risk_aversion,
+        offset,
+        H=hidden,
+        BLOCK_B=block_b,
+        HAS_MLP=has_mlp,
+    )
+    return TokenScores(out[0], out[1], out[2])
+
+
+@triton.jit
+def _ordered_key(g_ptr, offs, mask):
+    # Order-preserving image of fp32 in uint32: flip every bit of a negative number and the
+    # sign bit of a positive one. "+ 0.0" folds -0.0 into +0.0 (equal in evict's compares).
+    x = (tl.load(g_ptr + offs, mask=mask, other=0.0) + 0.0).to(tl.uint32, bitcast=True)
+    neg = (x >> 31) == 1
+    return tl.where(neg, ~x, x | 0x80000000)
+
+
+@triton.jit
+def _radix_hist(g_ptr, n, prefix_ptr, hist_ptr, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    key = _ordered_key(g_ptr, offs, mask)
+    if SHIFT < 24:
+        prefix = tl.load(prefix_ptr).to(tl.uint32)
+        mask = mask & ((key >> (SHIFT + 8)) == prefix)
+    digit = ((key >> SHIFT) & 0xFF).to(tl.int32)
+    hist = tl.histogram(digit, 256, mask=mask)
+    tl.atomic_add(hist_ptr + tl.arange(0, 256), hist, mask=hist > 0)
+
+
+@triton.jit
+def _select_count(g_ptr, n, kth_ptr, counts_ptr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    key = _ordered_key(g_ptr, offs, mask)
+    kth = tl.load(kth_ptr).to(tl.uint32)
+    less = mask & (key < kth)
+    tie = mask & (key == kth)
+    tl.store(counts_ptr + 2 * pid, tl.sum(less.to(tl.int32), axis=0))
+    tl.store(counts_ptr + 2 * pid + 1, tl.sum(tie.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _select_write(g_ptr, n, kth_ptr, need_ptr, offsets_ptr, out_ptr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    key = _ordered_key(g_ptr, offs, mask)
+    kth = tl.load(kth_ptr).to(tl.uint32)
+    need = tl.load(need_ptr).to(tl.int32)
+    tie = mask & (key == kth)
+    tie_rank = tl.load(offsets_ptr + 2 * pid + 1) + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+    take = (mask & (key < kth)) | (tie & (tie_rank < need))
+    slot = tl.load(offsets_ptr + 2 * pid) + tl.cumsum(take.to(tl.int32), axis=0) - 1
+    tl.store(out_ptr + slot, offs.to(tl.int64), mask=take)
+
+
+def select_evictions_triton(
+    g: torch.Tensor, budget_tokens: int, keep_rule: bool, *, interpret: bool = False
+) -> EvictionSelection:
+    """Radix select + ordered compaction (inputs already validated by the dispatcher).
+
+    One host synchronisation (the count of ``g < 0`` sizes the output); the radix digits
+    are chosen on the device by small torch ops between the histogram passes.
+    """
+    n = int(g.numel())
+    dev = g.device
+    below = int((g < 0).sum()) if keep_rule else 0
+    m = min(n, max(below, n - budget_tokens))
+    if m == 0:
+        return EvictionSelection(torch.zeros(0, dtype=torch.int64, device=dev), n - below)
+    block = 1024 if interpret else 4096
+    grid = (triton.cdiv(n, block),)
+    prefix = torch.zeros((), dtype=torch.int64, device=dev)
+    rem = torch.full((), m, dtype=torch.int64, device=dev)  # rank of the m-th within prefix
+    hist = torch.empty(256, dtype=torch.int32, device=dev)
+    for shift in (24, 16, 8, 0):
+        hist.zero_()
+        _radix_hist[grid](g, n, prefix, hist, SHIFT=shift, BLOCK=block)
+        cum = hist.to(torch.int64).cumsum(0)
+        digit = (cum < rem).sum()
+        rem = rem - (cum[digit] - hist[digit])
+        prefix = prefix * 256 + digit
+    nblocks = grid[0]
+    counts = torch.empty((nblocks, 2), dtype=torch.int32, device=dev)
+    _select_count[grid](g, n, prefix, counts, BLOCK=block)
+    # Tokens taken per block: all below the key, then ties in index order up to `rem`.
+    tie_before = counts[:, 1].cumsum(0) - counts[:, 1]
+    ties_taken = (rem - tie_before).clamp(min=0).minimum(counts[:, 1])
+    taken = counts[:, 0] + ties_taken
+    offsets = torch.stack((taken.cumsum(0) - taken, tie_before), dim=1).to(torch.int32).contiguous()
+    out = torch.empty(m, dtype=torch.int64, device=dev)
+    _select_write[grid](g, n, prefix, rem, offsets, out, BLOCK=block)
+    return EvictionSelection(out, n - below)
