@@ -294,3 +294,17 @@ class TestWorkloadSpec:
         assert code == 0
         for text in ("multi-tenant", "mooncake", "Llama-3-8B", "kvpolicy", "[default: vllm]"):
             assert text in out
+
+
+class TestVllmCrosscheck:
+    def test_without_vllm_says_what_to_install(self) -> None:
+        """Without vLLM the cross-check is a usage error naming what to install."""
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            pytest.skip("vLLM is installed: the cross-check runs (see nox -s vllm)")
+        code, out = _invoke("vllm", "crosscheck", "--workload", "uniform:5", "--num-blocks", "64")
+        assert code == 2
+        assert "needs kvpolicy-vllm and vLLM 0.32" in out

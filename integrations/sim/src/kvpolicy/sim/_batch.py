@@ -145,18 +145,19 @@ class Batch:
         """The running requests as policies see them."""
         # Every field comes from the engine's own checked state; validating each of the
         # batch's views at every iteration would cost more than the iteration itself.
-        first = self._rec.first_admitted
+        # KV resident is what has been computed (blocks reserved for a prompt's later
+        # chunks hold nothing yet), and "admitted" is the last admission, as in vLLM.
         with attrs.validators.disabled():
             return tuple(
                 SequenceView(
                     request_id=s.rid,
                     prompt_len=s.req.prompt_len,
                     generated=s.generated,
-                    kv_tokens=s.pool_tokens,
+                    kv_tokens=min(s.pool_tokens, s.computed + (s.generated if s.decoding else 0)),
                     tenant=s.req.tenant,
                     priority=s.req.priority,
                     arrival_time=s.req.arrival_time,
-                    admitted_time=float(first[s.idx]),
+                    admitted_time=s.admitted_at,
                     computed_tokens=s.computed + (s.generated if s.decoding else 0),
                 )
                 for s in self.running
@@ -182,6 +183,7 @@ class Batch:
             self._delay += self._tm.transfer_time(s.pool_tokens, self._pre.pcie_bandwidth)
             s.order = self._admit_counter
             self._admit_counter += 1
+            s.admitted_at = now
             self.running.append(s)
             self._res.resume(s, step)
         if not self.waiting or self.swapped:
@@ -204,6 +206,7 @@ class Batch:
             self.waiting.popleft()
             s.order = self._admit_counter
             self._admit_counter += 1
+            s.admitted_at = now
             self._rec.admitted(s.idx, now)
             self.running.append(s)
             self._res.join(s, step)

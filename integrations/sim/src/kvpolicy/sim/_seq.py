@@ -20,6 +20,7 @@ class Seq:
     """
 
     __slots__ = (
+        "admitted_at",
         "computed",
         "generated",
         "hashes",
@@ -51,6 +52,8 @@ class Seq:
         """Tokens the pool has recorded: ``pool_tokens`` up to its block end."""
         self.order = 0
         """Admission counter (vLLM preempts the largest first)."""
+        self.admitted_at = 0.0
+        """Time of its last admission to the running batch."""
 
     @property
     def decoding(self) -> bool:

@@ -2,7 +2,8 @@
 
 One click group per concern, each in its own module of this package, each exposing
 ``group``: ``kv`` (capacity planning), ``admit`` (stability analysis), ``evict`` (quality
-evaluation), ``sim`` (the simulator), plus the top-level ``demo`` command.
+evaluation), ``sim`` (the simulator), ``vllm`` (the simulator against vLLM's scheduler),
+plus the top-level ``demo`` command.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import click
 
 __all__ = ["main"]
 
-_GROUPS = ("kv", "admit", "evict", "sim")
+_GROUPS = ("kv", "admit", "evict", "sim", "vllm")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
