@@ -30,15 +30,15 @@ from numpy.typing import NDArray
 
 from kvpolicy.admit._analysis import eviction_free_rate, stage_weights
 from kvpolicy.admit._policies import GreedyAdmission, RateLimitedAdmission, RequestClass
-from kvpolicy.admit._workload import Workload
+from kvpolicy.admit._workload import StabilityWorkload
 from kvpolicy.kvmodel import AdmissionPolicy, CompletionObserver, Request, SchedulerState
 
 __all__ = [
+    "ModelResult",
     "PoissonArrivals",
     "SaturatedArrivals",
-    "SimulationResult",
     "TraceArrivals",
-    "simulate",
+    "simulate_model",
 ]
 
 
@@ -67,7 +67,7 @@ def _int_tuple(values: Sequence[int]) -> tuple[int, ...]:
 class TraceArrivals:
     """Replay of a trace: request ``i`` arrives at iteration ``steps[i]`` in class ``classes[i]``.
 
-    Build it with :meth:`from_requests`, which also returns the matching :class:`Workload`.
+    Build it with :meth:`from_requests`, which also returns the matching :class:`StabilityWorkload`.
     """
 
     steps: tuple[int, ...] = field(converter=_int_tuple)
@@ -89,11 +89,11 @@ class TraceArrivals:
     @classmethod
     def from_requests(
         cls, requests: Sequence[Request], iteration_s: float, memory: int
-    ) -> tuple[TraceArrivals, Workload]:
+    ) -> tuple[TraceArrivals, StabilityWorkload]:
         """Arrivals and workload of ``requests``, one iteration lasting ``iteration_s`` seconds."""
         if not (iteration_s > 0 and math.isfinite(iteration_s)):
             raise ValueError(f"'iteration_s' must be positive: {iteration_s!r}")
-        workload = Workload.from_requests(requests, memory)
+        workload = StabilityWorkload.from_requests(requests, memory)
         pairs = zip(workload.input_lens, workload.decode_lens, strict=True)
         index = {pair: k for k, pair in enumerate(pairs)}
         ordered = sorted(requests, key=lambda r: r.arrival_time)
@@ -107,10 +107,10 @@ Arrivals = SaturatedArrivals | PoissonArrivals | TraceArrivals
 
 
 @frozen(eq=False)
-class SimulationResult:
+class ModelResult:
     """Per-iteration series of one run; each array is (steps,) float64."""
 
-    workload: Workload
+    workload: StabilityWorkload
     """The simulated workload."""
     mode: str
     """``"fluid"`` or ``"integer"``."""
@@ -182,9 +182,9 @@ class SimulationResult:
 
 
 class _Engine:
-    """State of one run; the public entry point is :func:`simulate`."""
+    """State of one run; the public entry point is :func:`simulate_model`."""
 
-    def __init__(self, workload: Workload, integer: bool) -> None:
+    def __init__(self, workload: StabilityWorkload, integer: bool) -> None:
         self.w = workload
         self.k = workload.num_classes
         self.length = workload.max_decode_len
@@ -285,8 +285,8 @@ class _Engine:
         self.used += float(np.dot(masses, self.l0 + 1.0))
 
 
-def simulate(
-    workload: Workload,
+def simulate_model(
+    workload: StabilityWorkload,
     *,
     steps: int,
     arrivals: Arrivals | None = None,
@@ -295,7 +295,7 @@ def simulate(
     initial: NDArray[np.float64] | None = None,
     seed: int = 0,
     record_stages: bool = False,
-) -> SimulationResult:
+) -> ModelResult:
     """Run the model of §2.2 for ``steps`` iterations.
 
     Args:
@@ -315,8 +315,8 @@ def simulate(
     Returns:
         The per-iteration series.
     """
-    if not isinstance(workload, Workload):
-        raise TypeError(f"'workload' must be a Workload: {workload!r}")
+    if not isinstance(workload, StabilityWorkload):
+        raise TypeError(f"'workload' must be a StabilityWorkload: {workload!r}")
     if isinstance(steps, bool) or not isinstance(steps, int):
         raise TypeError(f"'steps' must be an int: {steps!r}")
     if steps <= 0:
@@ -371,7 +371,7 @@ class _FluidRun:
     def __init__(
         self,
         engine: _Engine,
-        workload: Workload,
+        workload: StabilityWorkload,
         arrivals: Arrivals,
         policy: object,
         rng: np.random.Generator,
@@ -384,7 +384,7 @@ class _FluidRun:
         self.rng = rng
         self.queue = np.zeros(engine.k)
 
-    def run(self, steps: int, record: bool) -> SimulationResult:
+    def run(self, steps: int, record: bool) -> ModelResult:
         e, w = self.e, self.w
         out = np.zeros((5, steps))
         stages = np.zeros((steps, e.length)) if record else None
@@ -425,15 +425,15 @@ class _FluidRun:
 
 
 def _result(
-    w: Workload,
+    w: StabilityWorkload,
     mode: Literal["fluid", "integer"],
     policy: str,
     out: NDArray[np.float64],
     stages: NDArray[np.float64] | None,
-) -> SimulationResult:
-    """A :class:`SimulationResult` from the (5, steps) per-step rows
+) -> ModelResult:
+    """A :class:`ModelResult` from the (5, steps) per-step rows
     (memory, admitted, evicted, completed, queue)."""
-    return SimulationResult(
+    return ModelResult(
         workload=w,
         mode=mode,
         policy=policy,
@@ -446,7 +446,7 @@ def _result(
     )
 
 
-def _saturated_fluid(workload: Workload, steps: int, cap: float, name: str) -> SimulationResult:
+def _saturated_fluid(workload: StabilityWorkload, steps: int, cap: float, name: str) -> ModelResult:
     """Saturated fluid model with scalar cohorts, in plain Python floats.
 
     Under saturated input every cohort enters with the class mix ``p`` and LPF splits a
@@ -516,7 +516,7 @@ def _saturated_fluid(workload: Workload, steps: int, cap: float, name: str) -> S
         out_adm[n] = admitted
         out_ev[n] = evicted
         out_done[n] = done
-    return SimulationResult(
+    return ModelResult(
         workload=workload,
         mode="fluid",
         policy=name,
@@ -540,7 +540,7 @@ class _IntegerRun:
     def __init__(
         self,
         engine: _Engine,
-        workload: Workload,
+        workload: StabilityWorkload,
         arrivals: Arrivals,
         policy: object,
         rng: np.random.Generator,
@@ -576,7 +576,7 @@ class _IntegerRun:
             extra = need - len(self.queue) + 64
             self.queue.extend(self.rng.choice(self.e.k, size=extra, p=self.e.mix).tolist())
 
-    def run(self, steps: int, record: bool) -> SimulationResult:
+    def run(self, steps: int, record: bool) -> ModelResult:
         e, w = self.e, self.w
         out = np.zeros((5, steps))
         stages = np.zeros((steps, e.length)) if record else None
