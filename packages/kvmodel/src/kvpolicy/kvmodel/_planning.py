@@ -210,8 +210,7 @@ def _fits(
     model: ModelSpec, context_len: int, utilisation: float, workspace: int, pp: int
 ) -> dict[str, int]:
     """The smallest valid ``tp`` at which one sequence fits, for each GPU preset."""
-    heads, kv = model.query_heads, model.num_kv_heads
-    valid = [n for n in range(1, heads + 1) if heads % n == 0 and not (kv % n and n % kv)]
+    valid = model.tensor_parallel_sizes()
     smallest: dict[str, int] = {}
     for name, spec in GPU_PRESETS.items():
         for n in valid:

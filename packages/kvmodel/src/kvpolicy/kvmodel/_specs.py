@@ -79,6 +79,12 @@ class ModelSpec:
         """Query heads: ``num_attention_heads``, or ``num_kv_heads`` when that is 0."""
         return self.num_attention_heads or self.num_kv_heads
 
+    def tensor_parallel_sizes(self) -> list[int]:
+        """Every valid ``tp``: divisors of the query heads that divide or are multiples of
+        the KV heads, ascending."""
+        heads, kv = self.query_heads, self.num_kv_heads
+        return [n for n in range(1, heads + 1) if heads % n == 0 and not (kv % n and n % kv)]
+
     def check_parallel(self, tp: int = 1, pp: int = 1) -> None:
         """Raise unless ``tp``-way tensor and ``pp``-way pipeline parallelism can split this model.
 
@@ -95,12 +101,11 @@ class ModelSpec:
                 raise TypeError(f"'{name}' must be an int: {value!r}")
             if value < 1:
                 raise ValueError(f"'{name}' must be a positive int: {value!r}")
-        heads, kv = self.query_heads, self.num_kv_heads
-        if heads % tp or (kv % tp and tp % kv):
-            valid = [n for n in range(1, heads + 1) if heads % n == 0 and not (kv % n and n % kv)]
+        valid = self.tensor_parallel_sizes()
+        if tp not in valid:
             raise ValueError(
-                f"'tp' must divide the {heads} query heads of {self.name} and divide or be a "
-                f"multiple of its {kv} KV heads (one of {valid}): {tp!r}"
+                f"'tp' must divide the {self.query_heads} query heads of {self.name} and divide "
+                f"or be a multiple of its {self.num_kv_heads} KV heads (one of {valid}): {tp!r}"
             )
         if pp > self.num_layers:
             raise ValueError(f"'pp' must be <= the {self.num_layers} layers of {self.name}: {pp!r}")
