@@ -101,8 +101,7 @@ class ModelSpec:
                 raise TypeError(f"'{name}' must be an int: {value!r}")
             if value < 1:
                 raise ValueError(f"'{name}' must be a positive int: {value!r}")
-        valid = self.tensor_parallel_sizes()
-        if tp not in valid:
+        if tp > 1 and tp not in (valid := self.tensor_parallel_sizes()):
             raise ValueError(
                 f"'tp' must divide the {self.query_heads} query heads of {self.name} and divide "
                 f"or be a multiple of its {self.num_kv_heads} KV heads (one of {valid}): {tp!r}"
