@@ -29,7 +29,8 @@ layer (after attention and after the MLP), not overlapped with compute. A ring a
 with ``n · H_q · d_h`` bf16 activations (2 bytes each), ``B_link`` the per-direction
 interconnect bandwidth of one GPU (:data:`INTERCONNECT_BANDWIDTH`: NVLink for the SXM parts
 and H200, PCIe Gen4 x16 for L40S) and a fixed latency per all-reduce. ``tp = 1`` is exactly
-the single-GPU model above (no all-reduce term).
+the single-GPU model above (no all-reduce term). Pipeline parallelism is not modelled
+in time (its bubbles depend on micro-batching); capacity planning in kvmodel handles ``pp``.
 """
 
 from __future__ import annotations
