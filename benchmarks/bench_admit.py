@@ -7,6 +7,11 @@ Figures are ratios against baselines measured in the same run:
   §2.2), and ``cohort_speedup_vs_general``: against the general (K, L) ring-buffer path;
   plus absolute iterations per second and the seconds for 100,000 iterations of a 4-class
   system with decode lengths up to 512 (the issue's target is under 2 s).
+* ``integer_speedup_vs_reference``: the integer model (plain-int ring, per-column totals,
+  eviction walking only the stages it needs) against the direct numpy transcription kept in
+  ``packages/admit/tests/_reference_model.py`` (the implementation before the rewrite; the
+  tests check both give identical series), greedy, same workload and seed;
+  ``seconds_per_100k_greedy_integer`` is the issue's target (under 2 s).
 * ``roots_speedup_vs_companion``: the Aberth solver against ``numpy.roots`` (companion
   eigenvalues) at degree 1023; absolute seconds for degree 4095 and for ``l0,min``.
 * ``table8_rate_limited_over_greedy``: throughput ratio in the seed 002 Table 8 setting.
@@ -21,20 +26,22 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "packages/admit/tests"))
 
 from _harness import parse_args, write_result
+from _reference_model import reference_integer
 
 from kvpolicy.admit import (
-    Workload,
+    StabilityWorkload,
     characteristic_polynomial,
     min_stable_input_len,
-    simulate,
+    simulate_model,
     spectral_radius,
     stage_weights,
 )
 
 
-def _dense_reference(workload: Workload, steps: int) -> float:
+def _dense_reference(workload: StabilityWorkload, steps: int) -> float:
     """Greedy saturated fluid model, shifting the full (K, L) state each iteration."""
     w = stage_weights(workload)
     x = np.zeros_like(w)
@@ -74,36 +81,44 @@ def _time(fn: object, *args: object, **kwargs: object) -> float:
 def main() -> None:
     args = parse_args(__doc__ or "")
     steps = 5_000 if args.quick else 20_000
-    four = Workload((64, 128, 256, 512), (128, 255, 384, 512), 200_000, (0.25,) * 4)
+    four = StabilityWorkload((64, 128, 256, 512), (128, 255, 384, 512), 200_000, (0.25,) * 4)
     figures: dict[str, float | int | bool] = {"model_steps": steps}
 
     for policy in ("greedy", "rate-limited"):
         for mode in ("fluid", "integer"):
-            seconds = _time(simulate, four, steps=steps, policy=policy, mode=mode)
+            seconds = _time(simulate_model, four, steps=steps, policy=policy, mode=mode)
             key = f"{policy}_{mode}".replace("-", "_")
             figures[f"iterations_per_s_{key}"] = steps / seconds
             figures[f"seconds_per_100k_{key}"] = 100_000 * seconds / steps
     dense_steps = max(steps // 4, 1000)
     dense = _time(_dense_reference, four, dense_steps) / dense_steps
-    ours = _time(simulate, four, steps=dense_steps, policy="greedy") / dense_steps
-    general = _time(simulate, four, steps=dense_steps, record_stages=True) / dense_steps
+    ours = _time(simulate_model, four, steps=dense_steps, policy="greedy") / dense_steps
+    general = _time(simulate_model, four, steps=dense_steps, record_stages=True) / dense_steps
     figures["model_speedup_vs_dense"] = dense / ours
     figures["cohort_speedup_vs_general"] = general / ours
     figures["target_100k_under_2s_met"] = bool(figures["seconds_per_100k_greedy_fluid"] < 2.0)
+    integer_steps = steps // 2
+    reference = _time(reference_integer, four, integer_steps, "greedy")
+    optimised = _time(simulate_model, four, steps=integer_steps, mode="integer")
+    figures["integer_speedup_vs_reference"] = reference / optimised
+    figures["seconds_per_100k_integer_reference"] = 100_000 * reference / integer_steps
+    figures["integer_target_100k_under_2s_met"] = bool(
+        figures["seconds_per_100k_greedy_integer"] < 2.0
+    )
 
-    wl = Workload((300, 300), (1017, 1024), 10**9, (0.5, 0.5))
+    wl = StabilityWorkload((300, 300), (1017, 1024), 10**9, (0.5, 0.5))
     coeffs = characteristic_polynomial(wl)
     companion = _time(np.roots, coeffs)
     aberth = _time(spectral_radius, coeffs)
     figures["roots_speedup_vs_companion_deg1023"] = companion / aberth
-    big = characteristic_polynomial(Workload((300, 300), (4089, 4096), 10**9, (0.5, 0.5)))
+    big = characteristic_polynomial(StabilityWorkload((300, 300), (4089, 4096), 10**9, (0.5, 0.5)))
     figures["spectral_radius_seconds_deg4095"] = _time(spectral_radius, big)
     figures["min_input_len_seconds_4096"] = _time(min_stable_input_len, (4089, 4096), (0.5, 0.5))
 
-    table8 = Workload.homogeneous(20, 20, 1000)
+    table8 = StabilityWorkload.homogeneous(20, 20, 1000)
     for mode in ("fluid", "integer"):
-        greedy = simulate(table8, steps=4000, mode=mode)  # type: ignore[arg-type]
-        limited = simulate(table8, steps=4000, mode=mode, policy="rate-limited")  # type: ignore[arg-type]
+        greedy = simulate_model(table8, steps=4000, mode=mode)  # type: ignore[arg-type]
+        limited = simulate_model(table8, steps=4000, mode=mode, policy="rate-limited")  # type: ignore[arg-type]
         figures[f"table8_{mode}_greedy_throughput"] = greedy.throughput
         figures[f"table8_{mode}_rate_limited_throughput"] = limited.throughput
         figures[f"table8_{mode}_rate_limited_over_greedy"] = limited.throughput / greedy.throughput

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvpolicy.admit import (
-    Workload,
+    StabilityWorkload,
     eviction_free_rate,
     eviction_level,
     fixed_point,
@@ -27,25 +27,29 @@ class TestRates:
 
     def test_example_2_rates(self) -> None:
         """l0=2, l1=3, M=24: x* = 2, worst cycle 8/5, ratio 0.8."""
-        w = Workload.homogeneous(2, 3, 24)
+        w = StabilityWorkload.homogeneous(2, 3, 24)
         assert eviction_free_rate(w) == pytest.approx(2.0)
         assert worst_cycle_throughput(w) == pytest.approx(1.6)
         assert worst_cycle_ratio(w) == pytest.approx(0.8)
 
     def test_figure_4_rates(self) -> None:
         """M=2000, l0=10, l1=40: worst cycle 1.00 and x* = 1.64 as Figure 4 states."""
-        w = Workload.homogeneous(10, 40, 2000)
+        w = StabilityWorkload.homogeneous(10, 40, 2000)
         assert worst_cycle_throughput(w) == pytest.approx(1.0)
         assert eviction_free_rate(w) == pytest.approx(4000 / 2440)
 
     def test_examples_4_and_5_have_x_star_4(self) -> None:
         """Both two-class examples were built with x* = 4 (eq. 8)."""
-        assert eviction_free_rate(Workload((50, 50), (2, 3), 518, (0.5, 0.5))) == pytest.approx(4)
-        assert eviction_free_rate(Workload((50, 50), (2, 4), 626, (0.5, 0.5))) == pytest.approx(4)
+        assert eviction_free_rate(
+            StabilityWorkload((50, 50), (2, 3), 518, (0.5, 0.5))
+        ) == pytest.approx(4)
+        assert eviction_free_rate(
+            StabilityWorkload((50, 50), (2, 4), 626, (0.5, 0.5))
+        ) == pytest.approx(4)
 
     def test_lifetime_footprints(self) -> None:
         """C_k = l1 (l0 + (l1 + 1)/2)."""
-        w = Workload((50, 50), (2, 3), 518, (0.5, 0.5))
+        w = StabilityWorkload((50, 50), (2, 3), 518, (0.5, 0.5))
         assert lifetime_footprints(w).tolist() == [103.0, 156.0]
 
     @given(
@@ -55,7 +59,7 @@ class TestRates:
     )
     def test_ratio_closed_form(self, l0: int, l1: int, extra: int) -> None:
         """Worst-cycle ratio equals (2 l0 + l1 + 1) / (2 (l0 + l1)) and lies in (1/2, 1]."""
-        w = Workload.homogeneous(l0, l1, l0 + l1 + extra)
+        w = StabilityWorkload.homogeneous(l0, l1, l0 + l1 + extra)
         ratio = worst_cycle_ratio(w)
         assert ratio == pytest.approx((2 * l0 + l1 + 1) / (2 * (l0 + l1)))
         assert 0.5 < ratio <= 1.0
@@ -81,7 +85,7 @@ class TestLinearMap:
 
     def test_fixed_point_example_2(self) -> None:
         """The eviction-free fixed point is (2, 2, 2) and fills memory exactly."""
-        w = Workload.homogeneous(2, 3, 24)
+        w = StabilityWorkload.homogeneous(2, 3, 24)
         x = fixed_point(w)
         assert x.tolist() == [[2.0, 2.0, 2.0]]
         assert float(np.sum(stage_weights(w) * x)) == pytest.approx(24.0)
@@ -93,7 +97,7 @@ class TestLinearMap:
 
     def test_stage_weights_zero_past_decode_len(self) -> None:
         """w_kj = l0 + 1 + j below l1,k and 0 after."""
-        w = Workload((2, 5), (2, 3), 100, (0.5, 0.5))
+        w = StabilityWorkload((2, 5), (2, 3), 100, (0.5, 0.5))
         assert stage_weights(w).tolist() == [[3.0, 4.0, 0.0], [6.0, 7.0, 8.0]]
 
 
@@ -121,14 +125,14 @@ class TestLinearisedAdmissions:
 
     def test_example_4_converges_within_2_percent_by_iteration_8(self) -> None:
         """Coprime (2, 3): from a 25% over-admission, within 2% of x* = 4 at iteration 8."""
-        w = Workload((50, 50), (2, 3), 518, (0.5, 0.5))
+        w = StabilityWorkload((50, 50), (2, 3), 518, (0.5, 0.5))
         a = linearised_admissions(w, np.array([4.0, 4.0, 5.0]), 40)
         assert abs(a[7] - 4.0) / 4.0 < 0.02
         assert abs(a[-1] - 4.0) < 1e-4
 
     def test_example_5_oscillation_grows(self) -> None:
         """Non-coprime (2, 4): the period-2 oscillation grows geometrically."""
-        w = Workload((50, 50), (2, 4), 626, (0.5, 0.5))
+        w = StabilityWorkload((50, 50), (2, 4), 626, (0.5, 0.5))
         a = linearised_admissions(w, np.array([4.0, 4.0, 4.0, 5.0]), 200)
         early = np.abs(a[10:20] - 4).max()
         late = np.abs(a[190:200] - 4).max()
@@ -136,6 +140,6 @@ class TestLinearisedAdmissions:
 
     def test_history_shape_checked(self) -> None:
         """A history of the wrong length is rejected."""
-        w = Workload((50, 50), (2, 3), 518, (0.5, 0.5))
+        w = StabilityWorkload((50, 50), (2, 3), 518, (0.5, 0.5))
         with pytest.raises(ValueError, match="'history'"):
             linearised_admissions(w, np.ones(2), 5)

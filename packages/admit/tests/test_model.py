@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from kvpolicy.admit import (
     PoissonArrivals,
+    StabilityWorkload,
     TraceArrivals,
-    Workload,
     detect_limit_cycle,
     eviction_free_rate,
-    simulate,
+    simulate_model,
     worst_cycle_throughput,
 )
 from kvpolicy.kvmodel import Request
@@ -26,9 +26,9 @@ class TestProtocolTrace:
 
     def test_example_1_integer(self) -> None:
         """From X=(1,1,2), Q=8, A=5 then 0: X -> (5,1,1) -> (1,4,1), one eviction."""
-        w = Workload.homogeneous(2, 3, 24)
+        w = StabilityWorkload.homogeneous(2, 3, 24)
         arrivals = TraceArrivals(steps=[0] * 13, classes=[0] * 13)  # 8 waiting + 5 new
-        r = simulate(
+        r = simulate_model(
             w,
             steps=2,
             mode="integer",
@@ -50,8 +50,8 @@ class TestInstabilitySpiral:
 
     def test_example_3_trajectory(self) -> None:
         """The first six iterations match the exact fractions of the paper's table."""
-        w = Workload.homogeneous(2, 3, 24)
-        r = simulate(w, steps=7, initial=np.array([[2.5, 2.0, 1.7]]), record_stages=True)
+        w = StabilityWorkload.homogeneous(2, 3, 24)
+        r = simulate_model(w, steps=7, initial=np.array([[2.5, 2.0, 1.7]]), record_stages=True)
         assert r.stages is not None
         expected = [
             (Fraction(4, 3), Fraction(5, 2), Fraction(2)),
@@ -68,8 +68,8 @@ class TestInstabilitySpiral:
 
     def test_example_3_ends_in_worst_cycle(self) -> None:
         """By n = 17 it cycles (8,0,0) -> (0,6,0) -> (0,0,4.8) with throughput 8/5."""
-        w = Workload.homogeneous(2, 3, 24)
-        r = simulate(w, steps=60, initial=np.array([[2.5, 2.0, 1.7]]), record_stages=True)
+        w = StabilityWorkload.homogeneous(2, 3, 24)
+        r = simulate_model(w, steps=60, initial=np.array([[2.5, 2.0, 1.7]]), record_stages=True)
         assert r.stages is not None
         np.testing.assert_allclose(r.stages[16], [8.0, 0.0, 0.0], atol=1e-9)
         cycle = detect_limit_cycle(r.stages, r.completed, r.evicted)
@@ -83,8 +83,8 @@ class TestEquilibria:
 
     def test_level_0_fixed_point(self) -> None:
         """(2, 2, 2) is a fixed point with throughput x* = 2."""
-        w = Workload.homogeneous(2, 3, 24)
-        r = simulate(w, steps=30, initial=np.array([[2.0, 2.0, 2.0]]), record_stages=True)
+        w = StabilityWorkload.homogeneous(2, 3, 24)
+        r = simulate_model(w, steps=30, initial=np.array([[2.0, 2.0, 2.0]]), record_stages=True)
         assert r.stages is not None
         cycle = detect_limit_cycle(r.stages, r.completed, r.evicted)
         assert cycle is not None
@@ -93,8 +93,10 @@ class TestEquilibria:
 
     def test_level_1_cycle(self) -> None:
         """(72/13, 24/13, 0) is a period-3 level-1 cycle with throughput 24/13."""
-        w = Workload.homogeneous(2, 3, 24)
-        r = simulate(w, steps=30, initial=np.array([[72 / 13, 24 / 13, 0.0]]), record_stages=True)
+        w = StabilityWorkload.homogeneous(2, 3, 24)
+        r = simulate_model(
+            w, steps=30, initial=np.array([[72 / 13, 24 / 13, 0.0]]), record_stages=True
+        )
         assert r.stages is not None
         cycle = detect_limit_cycle(r.stages, r.completed, r.evicted)
         assert cycle is not None
@@ -105,8 +107,8 @@ class TestEquilibria:
 
     def test_level_2_cycle(self) -> None:
         """(8, 0, 0) is the maximal-eviction cycle with throughput 8/5."""
-        w = Workload.homogeneous(2, 3, 24)
-        r = simulate(w, steps=30, initial=np.array([[8.0, 0.0, 0.0]]), record_stages=True)
+        w = StabilityWorkload.homogeneous(2, 3, 24)
+        r = simulate_model(w, steps=30, initial=np.array([[8.0, 0.0, 0.0]]), record_stages=True)
         assert r.stages is not None
         cycle = detect_limit_cycle(r.stages, r.completed, r.evicted)
         assert cycle is not None
@@ -119,9 +121,9 @@ class TestTable8:
 
     def test_fluid(self) -> None:
         """Greedy falls to the worst cycle with evictions; capping at x* evicts nothing."""
-        w = Workload.homogeneous(20, 20, 1000)
-        greedy = simulate(w, steps=4000)
-        limited = simulate(w, steps=4000, policy="rate-limited")
+        w = StabilityWorkload.homogeneous(20, 20, 1000)
+        greedy = simulate_model(w, steps=4000)
+        limited = simulate_model(w, steps=4000, policy="rate-limited")
         assert greedy.steady_throughput == pytest.approx(1.25)
         assert greedy.evictions > 4000
         assert limited.evictions == 0.0
@@ -130,9 +132,9 @@ class TestTable8:
 
     def test_integer(self) -> None:
         """Whole requests: the margin-capped policy never evicts and keeps 94% of x*."""
-        w = Workload.homogeneous(20, 20, 1000)
-        greedy = simulate(w, steps=4000, mode="integer")
-        limited = simulate(w, steps=4000, mode="integer", policy="rate-limited")
+        w = StabilityWorkload.homogeneous(20, 20, 1000)
+        greedy = simulate_model(w, steps=4000, mode="integer")
+        limited = simulate_model(w, steps=4000, mode="integer", policy="rate-limited")
         assert greedy.evictions > 4000
         assert limited.evictions == 0
         assert float(limited.memory.max()) <= 1000
@@ -144,8 +146,8 @@ class TestOpenArrivals:
 
     def test_below_worst_cycle_is_stable(self) -> None:
         """lambda = 0.8 < 1.0: no eviction, the queue stays empty, throughput = lambda."""
-        w = Workload.homogeneous(10, 40, 2000)
-        r = simulate(w, steps=4000, arrivals=PoissonArrivals(0.8), seed=1)
+        w = StabilityWorkload.homogeneous(10, 40, 2000)
+        r = simulate_model(w, steps=4000, arrivals=PoissonArrivals(0.8), seed=1)
         assert r.evictions == 0.0
         assert r.steady_throughput == pytest.approx(0.8, abs=0.05)
         assert abs(r.queue_growth) < 0.01
@@ -153,16 +155,16 @@ class TestOpenArrivals:
     @pytest.mark.parametrize("mode", ["fluid", "integer"])
     def test_between_worst_cycle_and_x_star_backlogs(self, mode: str) -> None:
         """lambda = 1.4 in (1.0, 1.64): throughput pinned at 1.0, the queue grows ~0.4/step."""
-        w = Workload.homogeneous(10, 40, 2000)
-        r = simulate(w, steps=4000, arrivals=PoissonArrivals(1.4), seed=1, mode=mode)  # type: ignore[arg-type]
+        w = StabilityWorkload.homogeneous(10, 40, 2000)
+        r = simulate_model(w, steps=4000, arrivals=PoissonArrivals(1.4), seed=1, mode=mode)  # type: ignore[arg-type]
         assert r.steady_throughput == pytest.approx(1.0, abs=0.05)
         assert r.eviction_rate > 1.0
         assert r.queue_growth == pytest.approx(0.4, abs=0.08)
 
     def test_rate_limit_keeps_up_at_1_4(self) -> None:
         """The same load under rate-limited admission is served without eviction."""
-        w = Workload.homogeneous(10, 40, 2000)
-        r = simulate(
+        w = StabilityWorkload.homogeneous(10, 40, 2000)
+        r = simulate_model(
             w,
             steps=4000,
             arrivals=PoissonArrivals(1.4),
@@ -181,9 +183,9 @@ class TestFastPath:
     @pytest.mark.parametrize("policy", ["greedy", "rate-limited"])
     def test_cohort_path_matches_general_path(self, policy: str) -> None:
         """Same series to 1e-9 relative for a three-class workload over 1500 iterations."""
-        w = Workload((20, 35, 8), (19, 23, 40), 3000, (0.3, 0.5, 0.2))
-        fast = simulate(w, steps=1500, policy=policy)  # type: ignore[arg-type]
-        general = simulate(w, steps=1500, policy=policy, record_stages=True)  # type: ignore[arg-type]
+        w = StabilityWorkload((20, 35, 8), (19, 23, 40), 3000, (0.3, 0.5, 0.2))
+        fast = simulate_model(w, steps=1500, policy=policy)  # type: ignore[arg-type]
+        general = simulate_model(w, steps=1500, policy=policy, record_stages=True)  # type: ignore[arg-type]
         assert fast.stages is None
         for name in ("memory", "admitted", "evicted", "completed"):
             np.testing.assert_allclose(
@@ -203,7 +205,7 @@ class TestTraceReplay:
         arrivals, w = TraceArrivals.from_requests(reqs, iteration_s=0.1, memory=100)
         assert arrivals.steps == (0, 0, 2)
         assert arrivals.classes == (0, 1, 0)
-        r = simulate(w, steps=10, arrivals=arrivals, mode="integer")
+        r = simulate_model(w, steps=10, arrivals=arrivals, mode="integer")
         assert r.completed.sum() == 3
         assert r.admitted.tolist()[:3] == [2, 0, 1]
 
@@ -214,24 +216,28 @@ class TestBadInput:
     def test_steps_must_be_positive(self) -> None:
         """steps = 0 names 'steps'."""
         with pytest.raises(ValueError, match="'steps'"):
-            simulate(Workload.homogeneous(2, 3, 24), steps=0)
+            simulate_model(StabilityWorkload.homogeneous(2, 3, 24), steps=0)
 
     def test_initial_must_fit(self) -> None:
         """An initial state over memory names 'initial'."""
         with pytest.raises(ValueError, match="'initial' must fit"):
-            simulate(Workload.homogeneous(2, 3, 24), steps=1, initial=np.array([[9.0, 0, 0]]))
+            simulate_model(
+                StabilityWorkload.homogeneous(2, 3, 24), steps=1, initial=np.array([[9.0, 0, 0]])
+            )
 
     def test_policy_object_needs_integer_mode(self) -> None:
         """An AdmissionPolicy object in fluid mode is rejected."""
         from kvpolicy.admit import GreedyAdmission
 
         with pytest.raises(ValueError, match="'policy'"):
-            simulate(Workload.homogeneous(2, 3, 24), steps=1, policy=GreedyAdmission())  # type: ignore[arg-type]
+            simulate_model(
+                StabilityWorkload.homogeneous(2, 3, 24), steps=1, policy=GreedyAdmission()
+            )  # type: ignore[arg-type]
 
     def test_unknown_policy_name(self) -> None:
         """An unknown policy name is rejected."""
         with pytest.raises(ValueError, match="'policy'"):
-            simulate(Workload.homogeneous(2, 3, 24), steps=1, policy="fifo")  # type: ignore[arg-type]
+            simulate_model(StabilityWorkload.homogeneous(2, 3, 24), steps=1, policy="fifo")  # type: ignore[arg-type]
 
 
 class TestInvariants:
@@ -253,7 +259,7 @@ class TestInvariants:
         lens = tuple(l1 + i for i in range(k))
         mix = tuple([1.0 / k] * k)
         memory = max(a + b for a, b in zip(l0, lens, strict=True)) + extra
-        w = Workload(tuple(l0), lens, memory, mix)
-        r = simulate(w, steps=120, arrivals=PoissonArrivals(rate), mode=mode)  # type: ignore[arg-type]
+        w = StabilityWorkload(tuple(l0), lens, memory, mix)
+        r = simulate_model(w, steps=120, arrivals=PoissonArrivals(rate), mode=mode)  # type: ignore[arg-type]
         assert float(r.memory.max()) <= memory * (1 + 1e-9)
         assert float(r.memory.min()) >= -1e-9

@@ -13,9 +13,9 @@ from kvpolicy.admit import (
     GreedyAdmission,
     RateLimitedAdmission,
     RequestClass,
-    Workload,
+    StabilityWorkload,
     eviction_free_rate,
-    simulate,
+    simulate_model,
 )
 from kvpolicy.kvmodel import AdmissionPolicy, CompletionObserver, Request, SchedulerState
 
@@ -135,7 +135,7 @@ class TestRateLimited:
         policy = RateLimitedAdmission(window=100, min_samples=10)
         for i in range(100):
             policy.observe_completion(Request(request_id=f"a{i}", prompt_len=20, decode_len=20), i)
-        new_x = eviction_free_rate(Workload.homogeneous(20, 60, 5000))
+        new_x = eviction_free_rate(StabilityWorkload.homogeneous(20, 60, 5000))
         for i in range(99):
             policy.observe_completion(Request(request_id=f"b{i}", prompt_len=20, decode_len=60), i)
             est = policy.estimate(5000)
@@ -152,9 +152,9 @@ class TestRateLimited:
 
     def test_server_loop_with_online_estimation(self) -> None:
         """In a saturated integer server, online estimation ends eviction-free near x*."""
-        w = Workload((20, 20), (19, 23), 2000, (0.5, 0.5))
+        w = StabilityWorkload((20, 20), (19, 23), 2000, (0.5, 0.5))
         policy = RateLimitedAdmission(window=256, min_samples=32, prior_decode_len=32)
-        r = simulate(w, steps=3000, mode="integer", policy=policy)
+        r = simulate_model(w, steps=3000, mode="integer", policy=policy)
         tail = slice(1500, None)
         assert float(r.evicted[tail].sum()) == 0.0
         assert float(r.completed[tail].mean()) > 0.85 * eviction_free_rate(w)
@@ -172,8 +172,8 @@ class TestRateLimited:
 
     def test_random_mix_integer_no_evictions(self) -> None:
         """A known four-class mix drawn at random: no eviction after the first pipeline."""
-        w = Workload((50, 50, 50, 50), (100, 125, 200, 250), 60000, (0.25,) * 4)
-        r = simulate(w, steps=3000, mode="integer", policy="rate-limited", seed=3)
+        w = StabilityWorkload((50, 50, 50, 50), (100, 125, 200, 250), 60000, (0.25,) * 4)
+        r = simulate_model(w, steps=3000, mode="integer", policy="rate-limited", seed=3)
         assert float(r.evicted.sum()) == 0.0
         assert float(np.mean(r.completed[1500:])) > 0.85 * eviction_free_rate(w)
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpolicy.admit import (
-    Workload,
+    StabilityWorkload,
     analyze_stability,
     asymptotic_min_input_len,
     characteristic_polynomial,
@@ -24,8 +24,8 @@ from kvpolicy.admit import (
 )
 
 
-def _two_class(l0: int, lens: tuple[int, int], p: float = 0.5) -> Workload:
-    return Workload((l0, l0), lens, 10**9, (p, 1 - p))
+def _two_class(l0: int, lens: tuple[int, int], p: float = 0.5) -> StabilityWorkload:
+    return StabilityWorkload((l0, l0), lens, 10**9, (p, 1 - p))
 
 
 class TestPolynomials:
@@ -33,20 +33,20 @@ class TestPolynomials:
 
     def test_example_4_coefficients(self) -> None:
         """l0 = 50, l1 = (2, 3): F = 51 z^2 + 52 z + 26.5 and A = z^2 + z + 1/2."""
-        w = Workload((50, 50), (2, 3), 518, (0.5, 0.5))
+        w = StabilityWorkload((50, 50), (2, 3), 518, (0.5, 0.5))
         assert characteristic_polynomial(w).tolist() == [51.0, 52.0, 26.5]
         assert limiting_polynomial(w).tolist() == [1.0, 1.0, 0.5]
 
     def test_example_4_radii(self) -> None:
         """|z| = 1/sqrt(2) for A and 0.72 for finite l0 = 50 (Figure 2a)."""
-        w = Workload((50, 50), (2, 3), 518, (0.5, 0.5))
+        w = StabilityWorkload((50, 50), (2, 3), 518, (0.5, 0.5))
         assert spectral_radius(limiting_polynomial(w)) == pytest.approx(1 / math.sqrt(2))
         assert spectral_radius(characteristic_polynomial(w)) == pytest.approx(math.sqrt(26.5 / 51))
         assert round(spectral_radius(characteristic_polynomial(w)), 2) == 0.72
 
     def test_example_5_radius(self) -> None:
         """l1 = (2, 4): A has the root -1 and finite l0 = 50 drifts it to |z| = 1.019."""
-        w = Workload((50, 50), (2, 4), 626, (0.5, 0.5))
+        w = StabilityWorkload((50, 50), (2, 4), 626, (0.5, 0.5))
         assert abs(np.polyval(limiting_polynomial(w), -1.0)) < 1e-12
         rho = spectral_radius(characteristic_polynomial(w))
         assert round(rho, 3) == 1.019
@@ -61,7 +61,7 @@ class TestPolynomials:
     )
     def test_roots_of_unity_are_roots_of_a(self, g: int, a: int, b: int, p: float) -> None:
         """When g divides every decode length, A vanishes at the non-trivial g-th roots of 1."""
-        w = Workload((40, 70), (g * a, g * b), 10**6, (p, 1 - p))
+        w = StabilityWorkload((40, 70), (g * a, g * b), 10**6, (p, 1 - p))
         coeffs = limiting_polynomial(w)
         scale = float(np.abs(coeffs).sum())
         for j in range(1, g):
@@ -74,7 +74,7 @@ class TestPolynomials:
         """gcd 1: every root of A lies strictly inside the unit circle (Theorem 3)."""
         if math.gcd(a, b) != 1:
             return
-        w = Workload((10, 10), (a, b), 10**6, (p, 1 - p))
+        w = StabilityWorkload((10, 10), (a, b), 10**6, (p, 1 - p))
         assert spectral_radius(limiting_polynomial(w)) < 1.0
 
 
@@ -146,7 +146,7 @@ class TestAnalyzeStability:
 
     def test_example_4_report(self) -> None:
         """(2, 3) at l0 = 50: gcd 1, stable, l0,min = 2."""
-        report = analyze_stability(Workload((50, 50), (2, 3), 518, (0.5, 0.5)))
+        report = analyze_stability(StabilityWorkload((50, 50), (2, 3), 518, (0.5, 0.5)))
         assert (report.gcd, report.stable, report.gcd_verdict, report.unstable_roots) == (
             1,
             True,
@@ -158,7 +158,7 @@ class TestAnalyzeStability:
 
     def test_homogeneous_is_unstable(self) -> None:
         """One class (Theorem 2): the eviction-free point is not stable."""
-        report = analyze_stability(Workload.homogeneous(20, 20, 1000))
+        report = analyze_stability(StabilityWorkload.homogeneous(20, 20, 1000))
         assert report.gcd == 20
         assert not report.stable
         assert not report.gcd_verdict

@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from kvpolicy.admit import TraceArrivals, simulate
+from kvpolicy.admit import TraceArrivals, simulate_model
 from kvpolicy.kvmodel import Request
 
 TRACES = pathlib.Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"
@@ -42,8 +42,8 @@ class TestAzureReplay:
         requests = _requests(300)
         arrivals, workload = TraceArrivals.from_requests(requests, iteration_s=0.05, memory=60_000)
         steps = arrivals.steps[-1] + 4 * workload.max_decode_len
-        greedy = simulate(workload, steps=steps, arrivals=arrivals, mode="integer")
-        limited = simulate(
+        greedy = simulate_model(workload, steps=steps, arrivals=arrivals, mode="integer")
+        limited = simulate_model(
             workload, steps=steps, arrivals=arrivals, mode="integer", policy="rate-limited"
         )
         assert greedy.completed.sum() == 300

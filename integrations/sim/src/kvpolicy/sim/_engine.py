@@ -59,7 +59,9 @@ def pool_capacity_tokens(timing: TimingModel, engine: EngineConfig) -> int:
     if cap is None:
         from kvpolicy.kvmodel import kv_budget_bytes
 
-        budget = kv_budget_bytes(timing.model, timing.gpu, engine.gpu_memory_utilization)
+        budget = kv_budget_bytes(
+            timing.model, timing.gpu, engine.gpu_memory_utilization, tp=timing.tp
+        )
         cap = budget // timing.kv_bytes_per_token
     if cap // bs < 1:
         raise ConfigError(

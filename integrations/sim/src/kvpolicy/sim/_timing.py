@@ -16,6 +16,21 @@ The default calibration constants are round figures consistent with public vLLM 
 of Llama-3-8B on A100/H100 (decode at batch 1 runs at about 75% of HBM bandwidth; large
 prefills reach about 55% of dense bf16 peak; the scheduler and sampler cost roughly half a
 millisecond per step). :func:`fit_timing` replaces them with a fit to a user's measurements.
+
+With ``tp``-way tensor parallelism each GPU reads its share of the weights
+(``W / tp``) and of the KV (``max(1, H_kv / tp)`` KV heads: replicated past ``tp = H_kv``),
+computes ``1 / tp`` of the FLOPs, and the group adds two all-reduces of the activations per
+layer (after attention and after the MLP), not overlapped with compute. A ring all-reduce of
+``m`` bytes over ``tp`` GPUs moves ``2 (tp - 1) / tp · m`` bytes through each GPU's link::
+
+    t = overhead + max(bytes_gpu / (eta_bw · BW), flops / (tp · eta_f · F)) + t_ar
+    t_ar = 2 · L · (2 (tp - 1) / tp · n · H_q · d_h · 2 / B_link + latency)
+
+with ``n · H_q · d_h`` bf16 activations (2 bytes each), ``B_link`` the per-direction
+interconnect bandwidth of one GPU (:data:`INTERCONNECT_BANDWIDTH`: NVLink for the SXM parts
+and H200, PCIe Gen4 x16 for L40S) and a fixed latency per all-reduce. ``tp = 1`` is exactly
+the single-GPU model above (no all-reduce term). Pipeline parallelism is not modelled
+in time (its bubbles depend on micro-batching); capacity planning in kvmodel handles ``pp``.
 """
 
 from __future__ import annotations
@@ -27,12 +42,40 @@ import pathlib
 import attrs
 import numpy as np
 from attrs import field, frozen
-from attrs.validators import ge, gt, instance_of, le
+from attrs.validators import ge, gt, instance_of, le, optional
 from numpy.typing import NDArray
 
 from kvpolicy.kvmodel import GPUSpec, ModelSpec
 
-__all__ = ["TimingModel", "fit_error", "fit_timing", "read_timing_csv"]
+__all__ = [
+    "DEFAULT_INTERCONNECT_BANDWIDTH",
+    "INTERCONNECT_BANDWIDTH",
+    "TimingModel",
+    "fit_error",
+    "fit_timing",
+    "read_timing_csv",
+]
+
+INTERCONNECT_BANDWIDTH: dict[str, float] = {
+    "A100-40GB": 300e9,  # NVLink 3: 600 GB/s bidirectional per GPU (SXM)
+    "A100-80GB": 300e9,
+    "H100-SXM": 450e9,  # NVLink 4: 900 GB/s bidirectional per GPU
+    "H200": 450e9,
+    "L40S": 32e9,  # no NVLink: PCIe Gen4 x16, about 32 GB/s each way
+}
+"""Per-direction GPU-to-GPU bandwidth in bytes per second, by GPU preset name (datasheets)."""
+
+DEFAULT_INTERCONNECT_BANDWIDTH = 32e9
+"""Link bandwidth assumed for a GPU not in :data:`INTERCONNECT_BANDWIDTH`: PCIe Gen4 x16."""
+
+_ACTIVATION_BYTES = 2  # bf16 activations in the all-reduces
+
+
+def _int_tp(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"'tp' must be an int: {value!r}")
+    return value
+
 
 _CSV_COLUMNS = ("batch", "tokens", "seconds", "kv_tokens")
 
@@ -51,6 +94,16 @@ class TimingModel:
     """``eta_f``: fraction of peak FLOP/s sustained by prefill (model FLOPs utilisation)."""
     overhead_s: float = field(default=5e-4, converter=float, validator=ge(0.0))
     """Fixed cost of one iteration in seconds (scheduling, sampling, kernel launches)."""
+    tp: int = field(default=1, converter=_int_tp)
+    """Tensor-parallel GPUs (validated by :meth:`~kvpolicy.kvmodel.ModelSpec.check_parallel`:
+    a positive int dividing the query heads, dividing or a multiple of the KV heads)."""
+    interconnect_bandwidth: float | None = field(
+        default=None, converter=attrs.converters.optional(float), validator=optional(gt(0.0))
+    )
+    """Per-direction GPU link bandwidth in B/s; None: :data:`INTERCONNECT_BANDWIDTH` of the
+    GPU, else :data:`DEFAULT_INTERCONNECT_BANDWIDTH`."""
+    allreduce_latency_s: float = field(default=1e-5, converter=float, validator=ge(0.0))
+    """Fixed seconds of one all-reduce (launch and synchronisation), used when ``tp > 1``."""
 
     def __attrs_post_init__(self) -> None:
         if self.model.num_params <= 0:
@@ -58,11 +111,31 @@ class TimingModel:
                 f"'model' needs num_params > 0 for timing: {self.model.name} has "
                 f"{self.model.num_params}"
             )
+        self.model.check_parallel(self.tp)
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV bytes of one token of :attr:`model`."""
-        return self.model.kv_bytes_per_token()
+        """KV bytes of one token of :attr:`model` on one GPU (all of it when ``tp = 1``)."""
+        return self.model.kv_bytes_per_token_per_gpu(self.tp)
+
+    @property
+    def link_bandwidth(self) -> float:
+        """Per-direction interconnect bandwidth of one GPU, B/s."""
+        if self.interconnect_bandwidth is not None:
+            return self.interconnect_bandwidth
+        return INTERCONNECT_BANDWIDTH.get(self.gpu.name, DEFAULT_INTERCONNECT_BANDWIDTH)
+
+    def allreduce_time(self, num_tokens: int | float) -> float:
+        """Seconds of the ``2 · L`` ring all-reduces of ``num_tokens`` tokens' activations
+        (0 when ``tp = 1``)."""
+        if self.tp == 1:
+            return 0.0
+        hidden = self.model.query_heads * self.model.head_dim
+        ring = 2.0 * (self.tp - 1) / self.tp * num_tokens * hidden * _ACTIVATION_BYTES
+        return 2 * self.model.num_layers * (ring / self.link_bandwidth + self.allreduce_latency_s)
+
+    def _weights(self) -> int:
+        return self.model.weight_bytes_per_gpu(self.tp)
 
     @property
     def _attn_flops_per_pair(self) -> float:
@@ -80,11 +153,13 @@ class TimingModel:
             kv_read_tokens: resident KV tokens read by attention.
             attn_pairs: query-key pairs scored by attention.
         """
-        mem = self.model.weight_bytes() + self.kv_bytes_per_token * kv_read_tokens
+        mem = self._weights() + self.kv_bytes_per_token * kv_read_tokens
         flops = 2.0 * self.model.num_params * num_tokens + self._attn_flops_per_pair * attn_pairs
         t_mem = mem / (self.bandwidth_efficiency * self.gpu.hbm_bandwidth)
         t_flops = flops / (self.flops_efficiency * self.gpu.peak_flops)
-        return self.overhead_s + max(t_mem, t_flops)
+        if self.tp == 1:
+            return self.overhead_s + max(t_mem, t_flops)
+        return self.overhead_s + max(t_mem, t_flops / self.tp) + self.allreduce_time(num_tokens)
 
     def decode_times(
         self, batch: int, kv_tokens: int, context_tokens: int, steps: int
@@ -101,18 +176,26 @@ class TimingModel:
         i = np.arange(steps, dtype=np.float64)
         kv = kv_tokens + i * batch
         ctx = context_tokens + i * batch
-        mem = self.model.weight_bytes() + self.kv_bytes_per_token * kv
+        mem = self._weights() + self.kv_bytes_per_token * kv
         flops = 2.0 * self.model.num_params * batch + self._attn_flops_per_pair * ctx
         t_mem = mem / (self.bandwidth_efficiency * self.gpu.hbm_bandwidth)
         t_flops = flops / (self.flops_efficiency * self.gpu.peak_flops)
-        out: NDArray[np.float64] = self.overhead_s + np.maximum(t_mem, t_flops)
-        return out
+        if self.tp == 1:
+            out: NDArray[np.float64] = self.overhead_s + np.maximum(t_mem, t_flops)
+            return out
+        comm = self.allreduce_time(batch)
+        tp_out: NDArray[np.float64] = self.overhead_s + np.maximum(t_mem, t_flops / self.tp) + comm
+        return tp_out
 
     def compute_time(self, num_tokens: int | float, attn_pairs: int | float) -> float:
         """Seconds of compute that ``num_tokens`` tokens (scoring ``attn_pairs`` query-key
-        pairs) add to an iteration: their FLOPs at the sustained rate, no weights read."""
+        pairs) add to an iteration: their FLOPs at the sustained rate, no weights read (split
+        over ``tp`` GPUs, plus their all-reduces)."""
         flops = 2.0 * self.model.num_params * num_tokens + self._attn_flops_per_pair * attn_pairs
-        return flops / (self.flops_efficiency * self.gpu.peak_flops)
+        seconds = flops / (self.flops_efficiency * self.gpu.peak_flops)
+        if self.tp == 1:
+            return seconds
+        return seconds / self.tp + self.allreduce_time(num_tokens)
 
     def transfer_time(self, num_tokens: int, bandwidth: float) -> float:
         """Seconds to move the KV of ``num_tokens`` tokens over a link of ``bandwidth`` B/s."""

@@ -26,11 +26,11 @@ from kvpolicy.admit._cycles import LimitCycle, detect_limit_cycle
 from kvpolicy.admit._errors import AdmitError, RootFindingError
 from kvpolicy.admit._mixing import MixVerdict, RoutingPlan, mix_verdict, plan_routing
 from kvpolicy.admit._model import (
+    ModelResult,
     PoissonArrivals,
     SaturatedArrivals,
-    SimulationResult,
     TraceArrivals,
-    simulate,
+    simulate_model,
 )
 from kvpolicy.admit._monitor import AlertKind, EvictionAlert, EvictionMonitor
 from kvpolicy.admit._policies import (
@@ -51,7 +51,7 @@ from kvpolicy.admit._spectral import (
     polynomial_roots,
     spectral_radius,
 )
-from kvpolicy.admit._workload import Workload
+from kvpolicy.admit._workload import StabilityWorkload
 
 __all__ = [
     "AdmitError",
@@ -61,6 +61,7 @@ __all__ = [
     "GreedyAdmission",
     "LimitCycle",
     "MixVerdict",
+    "ModelResult",
     "PoissonArrivals",
     "RateEstimate",
     "RateLimitedAdmission",
@@ -68,10 +69,9 @@ __all__ = [
     "RootFindingError",
     "RoutingPlan",
     "SaturatedArrivals",
-    "SimulationResult",
     "StabilityReport",
+    "StabilityWorkload",
     "TraceArrivals",
-    "Workload",
     "__version__",
     "analyze_stability",
     "asymptotic_min_input_len",
@@ -89,7 +89,7 @@ __all__ = [
     "mix_verdict",
     "plan_routing",
     "polynomial_roots",
-    "simulate",
+    "simulate_model",
     "spectral_radius",
     "spread",
     "stage_weights",

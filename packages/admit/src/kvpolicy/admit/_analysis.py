@@ -1,6 +1,6 @@
 """Closed-form analysis of seed 002 §3-§4: x*, the worst cycle, the matrix B, fixed points.
 
-Pure functions over :class:`Workload` and numpy state arrays. A *state* is the
+Pure functions over :class:`StabilityWorkload` and numpy state arrays. A *state* is the
 ``(K, L)`` float64 array ``X`` of active request mass by class and decoding stage, with
 ``L = max_k l1,k``; entries at stages ``j >= l1,k`` of class ``k`` are always zero.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from kvpolicy.admit._workload import Workload
+from kvpolicy.admit._workload import StabilityWorkload
 
 __all__ = [
     "eviction_free_rate",
@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 
-def stage_weights(workload: Workload) -> NDArray[np.float64]:
+def stage_weights(workload: StabilityWorkload) -> NDArray[np.float64]:
     """Memory of one request by class and stage, ``w_kj = l0,k + 1 + j`` (§2.2).
 
     Returns:
@@ -39,7 +39,7 @@ def stage_weights(workload: Workload) -> NDArray[np.float64]:
     return np.where(j[None, :] < l1, l0 + 1.0 + j[None, :], 0.0)
 
 
-def lifetime_footprints(workload: Workload) -> NDArray[np.float64]:
+def lifetime_footprints(workload: StabilityWorkload) -> NDArray[np.float64]:
     """``C_k = l1,k (l0,k + (l1,k + 1) / 2)``: token-iterations one request holds (§4.1).
 
     Returns:
@@ -50,7 +50,7 @@ def lifetime_footprints(workload: Workload) -> NDArray[np.float64]:
     return l1 * (l0 + (l1 + 1.0) / 2.0)
 
 
-def eviction_free_rate(workload: Workload) -> float:
+def eviction_free_rate(workload: StabilityWorkload) -> float:
     """Eviction-free admission (and completion) rate ``x* = M / sum_k p_k C_k``.
 
     Eq. (8) of seed 002; for one class it is eq. (4), ``2M / (l1 (2 l0 + l1 + 1))``.
@@ -59,7 +59,7 @@ def eviction_free_rate(workload: Workload) -> float:
     return workload.memory / mean_footprint
 
 
-def worst_cycle_throughput(workload: Workload) -> float:
+def worst_cycle_throughput(workload: StabilityWorkload) -> float:
     """Throughput of the maximal-eviction cycle, ``M / (l1 (l0 + l1))`` (Lemma 1).
 
     For several classes this is ``M / sum_k p_k l1,k (l0,k + l1,k)``: every request holds
@@ -73,7 +73,7 @@ def worst_cycle_throughput(workload: Workload) -> float:
     return workload.memory / float(np.dot(workload.mix, l1 * (l0 + l1)))
 
 
-def worst_cycle_ratio(workload: Workload) -> float:
+def worst_cycle_ratio(workload: StabilityWorkload) -> float:
     """Worst-cycle throughput over ``x*``; ``(2 l0 + l1 + 1) / (2 (l0 + l1))`` for one class."""
     return worst_cycle_throughput(workload) / eviction_free_rate(workload)
 
@@ -99,7 +99,7 @@ def transition_matrix(input_len: int, decode_len: int) -> NDArray[np.float64]:
     return b
 
 
-def fixed_point(workload: Workload) -> NDArray[np.float64]:
+def fixed_point(workload: StabilityWorkload) -> NDArray[np.float64]:
     """The eviction-free fixed point: ``p_k x*`` requests in every live stage of class ``k``.
 
     Returns:
@@ -141,7 +141,7 @@ def eviction_level(state: NDArray[np.float64], *, atol: float = 1e-9) -> int:
 
 
 def linearised_admissions(
-    workload: Workload, history: NDArray[np.float64], steps: int
+    workload: StabilityWorkload, history: NDArray[np.float64], steps: int
 ) -> NDArray[np.float64]:
     """Aggregate admissions of the eviction-free recurrence (9), memory held at ``M``.
 

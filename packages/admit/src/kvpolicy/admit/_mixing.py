@@ -18,7 +18,7 @@ from attrs import frozen
 
 from kvpolicy.admit._policies import RequestClass
 from kvpolicy.admit._spectral import characteristic_polynomial, decode_gcd, spectral_radius
-from kvpolicy.admit._workload import Workload
+from kvpolicy.admit._workload import StabilityWorkload
 
 __all__ = ["MixVerdict", "RoutingPlan", "mix_verdict", "plan_routing"]
 
@@ -73,7 +73,7 @@ def mix_verdict(
     mix[-1] = 1.0 - math.fsum(mix[:-1])
     l0 = tuple(classes[i].input_len for i in present)
     l1 = tuple(classes[i].decode_len for i in present)
-    workload = Workload(
+    workload = StabilityWorkload(
         input_lens=l0,
         decode_lens=l1,
         memory=max(a + b for a, b in zip(l0, l1, strict=True)) + 1,

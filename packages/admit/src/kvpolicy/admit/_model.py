@@ -30,15 +30,15 @@ from numpy.typing import NDArray
 
 from kvpolicy.admit._analysis import eviction_free_rate, stage_weights
 from kvpolicy.admit._policies import GreedyAdmission, RateLimitedAdmission, RequestClass
-from kvpolicy.admit._workload import Workload
+from kvpolicy.admit._workload import StabilityWorkload
 from kvpolicy.kvmodel import AdmissionPolicy, CompletionObserver, Request, SchedulerState
 
 __all__ = [
+    "ModelResult",
     "PoissonArrivals",
     "SaturatedArrivals",
-    "SimulationResult",
     "TraceArrivals",
-    "simulate",
+    "simulate_model",
 ]
 
 
@@ -67,7 +67,7 @@ def _int_tuple(values: Sequence[int]) -> tuple[int, ...]:
 class TraceArrivals:
     """Replay of a trace: request ``i`` arrives at iteration ``steps[i]`` in class ``classes[i]``.
 
-    Build it with :meth:`from_requests`, which also returns the matching :class:`Workload`.
+    Build it with :meth:`from_requests`, which also returns the matching :class:`StabilityWorkload`.
     """
 
     steps: tuple[int, ...] = field(converter=_int_tuple)
@@ -89,11 +89,11 @@ class TraceArrivals:
     @classmethod
     def from_requests(
         cls, requests: Sequence[Request], iteration_s: float, memory: int
-    ) -> tuple[TraceArrivals, Workload]:
+    ) -> tuple[TraceArrivals, StabilityWorkload]:
         """Arrivals and workload of ``requests``, one iteration lasting ``iteration_s`` seconds."""
         if not (iteration_s > 0 and math.isfinite(iteration_s)):
             raise ValueError(f"'iteration_s' must be positive: {iteration_s!r}")
-        workload = Workload.from_requests(requests, memory)
+        workload = StabilityWorkload.from_requests(requests, memory)
         pairs = zip(workload.input_lens, workload.decode_lens, strict=True)
         index = {pair: k for k, pair in enumerate(pairs)}
         ordered = sorted(requests, key=lambda r: r.arrival_time)
@@ -107,10 +107,10 @@ Arrivals = SaturatedArrivals | PoissonArrivals | TraceArrivals
 
 
 @frozen(eq=False)
-class SimulationResult:
+class ModelResult:
     """Per-iteration series of one run; each array is (steps,) float64."""
 
-    workload: Workload
+    workload: StabilityWorkload
     """The simulated workload."""
     mode: str
     """``"fluid"`` or ``"integer"``."""
@@ -182,9 +182,9 @@ class SimulationResult:
 
 
 class _Engine:
-    """State of one run; the public entry point is :func:`simulate`."""
+    """State of one run; the public entry point is :func:`simulate_model`."""
 
-    def __init__(self, workload: Workload, integer: bool) -> None:
+    def __init__(self, workload: StabilityWorkload, integer: bool) -> None:
         self.w = workload
         self.k = workload.num_classes
         self.length = workload.max_decode_len
@@ -245,48 +245,14 @@ class _Engine:
         self.used -= before + fraction * float(per_stage[j])
         return np.asarray(removed, dtype=np.float64)
 
-    def evict_integer(self) -> NDArray[np.int64]:
-        """Least-progressed-first; within a stage, classes evicted in proportion to occupancy."""
-        excess = self.overflow()
-        order = (self.head - self.stage_index) % self.length  # columns, youngest first
-        cols = self.ring[:, order]
-        per_stage = self.l0_plus_1 @ cols + self.stage_index * cols.sum(axis=0)
-        cum = np.cumsum(per_stage)
-        # Stages before j go entirely; stage j frees the rest of the excess.
-        j = min(int(np.searchsorted(cum, excess)), self.length - 1)
-        removed = cols[:, :j].sum(axis=1)
-        self.ring[:, order[:j]] = 0
-        left = excess - (float(cum[j - 1]) if j > 0 else 0.0)
-        freed = float(cum[j - 1]) if j > 0 else 0.0
-        counts = cols[:, j]
-        total = int(counts.sum())
-        if left > 0 and total > 0:
-            weights = self.weights[:, j]
-            held = float(per_stage[j])
-            # Proportional split: the floor of each class's share of the tokens to free,
-            # then one request at a time, the class furthest below its share first.
-            taken = np.minimum(np.floor(counts * (left / held)).astype(np.int64), counts)
-            left -= float(np.dot(taken, weights))
-            while left > 0 and taken.sum() < total:
-                target = (taken.sum() + 1) * counts / total
-                k = int(np.argmax(np.where(taken < counts, target - taken, -np.inf)))
-                taken[k] += 1
-                left -= weights[k]
-            self.ring[:, order[j]] = counts - taken
-            removed = removed + taken
-            freed += float(np.dot(taken, weights))
-        self.alive = self.alive - removed
-        self.used -= freed
-        return np.asarray(removed, dtype=np.int64)
-
     def add(self, masses: NDArray[Any]) -> None:
         self.ring[:, self.head] += masses
         self.alive = self.alive + masses
         self.used += float(np.dot(masses, self.l0 + 1.0))
 
 
-def simulate(
-    workload: Workload,
+def simulate_model(
+    workload: StabilityWorkload,
     *,
     steps: int,
     arrivals: Arrivals | None = None,
@@ -295,7 +261,7 @@ def simulate(
     initial: NDArray[np.float64] | None = None,
     seed: int = 0,
     record_stages: bool = False,
-) -> SimulationResult:
+) -> ModelResult:
     """Run the model of §2.2 for ``steps`` iterations.
 
     Args:
@@ -315,8 +281,8 @@ def simulate(
     Returns:
         The per-iteration series.
     """
-    if not isinstance(workload, Workload):
-        raise TypeError(f"'workload' must be a Workload: {workload!r}")
+    if not isinstance(workload, StabilityWorkload):
+        raise TypeError(f"'workload' must be a StabilityWorkload: {workload!r}")
     if isinstance(steps, bool) or not isinstance(steps, int):
         raise TypeError(f"'steps' must be an int: {steps!r}")
     if steps <= 0:
@@ -371,7 +337,7 @@ class _FluidRun:
     def __init__(
         self,
         engine: _Engine,
-        workload: Workload,
+        workload: StabilityWorkload,
         arrivals: Arrivals,
         policy: object,
         rng: np.random.Generator,
@@ -384,7 +350,7 @@ class _FluidRun:
         self.rng = rng
         self.queue = np.zeros(engine.k)
 
-    def run(self, steps: int, record: bool) -> SimulationResult:
+    def run(self, steps: int, record: bool) -> ModelResult:
         e, w = self.e, self.w
         out = np.zeros((5, steps))
         stages = np.zeros((steps, e.length)) if record else None
@@ -425,15 +391,15 @@ class _FluidRun:
 
 
 def _result(
-    w: Workload,
+    w: StabilityWorkload,
     mode: Literal["fluid", "integer"],
     policy: str,
     out: NDArray[np.float64],
     stages: NDArray[np.float64] | None,
-) -> SimulationResult:
-    """A :class:`SimulationResult` from the (5, steps) per-step rows
+) -> ModelResult:
+    """A :class:`ModelResult` from the (5, steps) per-step rows
     (memory, admitted, evicted, completed, queue)."""
-    return SimulationResult(
+    return ModelResult(
         workload=w,
         mode=mode,
         policy=policy,
@@ -446,7 +412,7 @@ def _result(
     )
 
 
-def _saturated_fluid(workload: Workload, steps: int, cap: float, name: str) -> SimulationResult:
+def _saturated_fluid(workload: StabilityWorkload, steps: int, cap: float, name: str) -> ModelResult:
     """Saturated fluid model with scalar cohorts, in plain Python floats.
 
     Under saturated input every cohort enters with the class mix ``p`` and LPF splits a
@@ -516,7 +482,7 @@ def _saturated_fluid(workload: Workload, steps: int, cap: float, name: str) -> S
         out_adm[n] = admitted
         out_ev[n] = evicted
         out_done[n] = done
-    return SimulationResult(
+    return ModelResult(
         workload=workload,
         mode="fluid",
         policy=name,
@@ -537,18 +503,44 @@ def _trace_into(arrivals: TraceArrivals, n: int, pos: int, queue: NDArray[np.flo
 
 
 class _IntegerRun:
+    """The integer model in plain Python integers.
+
+    With whole requests every quantity (memory, stage totals, class counts) is an exact
+    integer, so the state is a list of ``K`` Python lists ``ring[k][t mod L]`` and the
+    memory an ``int``: an iteration costs ``O(K)`` integer operations plus the stages its
+    eviction walks (youngest first, stopping at the first stage that covers the excess),
+    never a pass over all ``L`` stages nor a numpy call on a (K,) array. The built-in
+    ``"greedy"`` rule is evaluated inline on the queue of class indices (the same count
+    :class:`GreedyAdmission` returns); other policies see :class:`SchedulerState` and the
+    queue as requests, as a server would call them.
+    """
+
     def __init__(
         self,
         engine: _Engine,
-        workload: Workload,
+        workload: StabilityWorkload,
         arrivals: Arrivals,
         policy: object,
         rng: np.random.Generator,
     ) -> None:
-        self.e = engine
         self.w = workload
+        self.k = workload.num_classes
+        self.length = workload.max_decode_len
+        self.head = engine.head
+        self.ring: list[list[int]] = [[int(v) for v in row] for row in engine.ring.tolist()]
+        self.used = round(engine.used)
+        self.l0p1 = [a + 1 for a in workload.input_lens]
+        # Per column: live requests and their memory at stage 0 (sum_k count_k (l0,k + 1)),
+        # so the memory of column c at stage j is base[c] + j * total[c].
+        self.col_total = [sum(row[c] for row in self.ring) for c in range(self.length)]
+        self.col_base = [
+            sum(row[c] * a for row, a in zip(self.ring, self.l0p1, strict=True))
+            for c in range(self.length)
+        ]
+        self.mix = engine.mix
         self.arrivals = arrivals
         self.rng = rng
+        self.inline_greedy = policy == "greedy"
         if policy == "greedy":
             self.policy: AdmissionPolicy = GreedyAdmission()
         elif policy == "rate-limited":
@@ -570,63 +562,182 @@ class _IntegerRun:
         ]
         self.queue: deque[int] = deque()
 
-    def _top_up(self, free: float) -> None:
+    def _top_up(self, free: int) -> None:
         need = int(free // (min(self.w.input_lens) + 1)) + 2
         if len(self.queue) < need:
             extra = need - len(self.queue) + 64
-            self.queue.extend(self.rng.choice(self.e.k, size=extra, p=self.e.mix).tolist())
+            self.queue.extend(self.rng.choice(self.k, size=extra, p=self.mix).tolist())
 
-    def run(self, steps: int, record: bool) -> SimulationResult:
-        e, w = self.e, self.w
-        out = np.zeros((5, steps))
-        stages = np.zeros((steps, e.length)) if record else None
+    def _evict(self, excess: int) -> list[int]:
+        """Least-progressed-first; within a stage, classes evicted in proportion to occupancy.
+
+        Stages are walked youngest first (stage ``j`` is column ``head - j``); those whose
+        memory does not yet cover the excess go entirely. In the stage that does, each class
+        first loses the floor of its share ``counts * left / held`` of requests, then one
+        request at a time goes from the class furthest below its share ``(taken + 1) counts /
+        total`` (first class on ties) until the excess is freed. Returns the (K,) counts.
+        """
+        ring, length, k_range = self.ring, self.length, range(self.k)
+        col_total, col_base, l0p1 = self.col_total, self.col_base, self.l0p1
+        l1 = self.w.decode_lens
+        removed = [0] * self.k
+        freed = 0
+        col = self.head
+        for j in range(length):
+            total = col_total[col]
+            if not total:
+                col = col - 1 if col else length - 1
+                continue
+            held = col_base[col] + j * total
+            if freed + held < excess and j < length - 1:
+                for k in k_range:
+                    count = ring[k][col]
+                    if count:
+                        removed[k] += count
+                        ring[k][col] = 0
+                col_total[col] = 0
+                col_base[col] = 0
+                freed += held
+                col = col - 1 if col else length - 1
+                continue
+            left = excess - freed
+            if left > 0:
+                counts = [ring[k][col] for k in k_range]
+                weights = [a + j if j < b else 0 for a, b in zip(l0p1, l1, strict=True)]
+                share = left / held
+                taken = [min(math.floor(c * share), c) for c in counts]
+                left -= sum(t * wk for t, wk in zip(taken, weights, strict=True))
+                count = sum(taken)
+                while left > 0 and count < total:
+                    best, best_gap = -1, -math.inf
+                    for k in k_range:
+                        if taken[k] < counts[k]:
+                            gap = (count + 1) * counts[k] / total - taken[k]
+                            if gap > best_gap:
+                                best, best_gap = k, gap
+                    taken[best] += 1
+                    count += 1
+                    left -= weights[best]
+                for k in k_range:
+                    if taken[k]:
+                        ring[k][col] = counts[k] - taken[k]
+                        removed[k] += taken[k]
+                        col_base[col] -= taken[k] * l0p1[k]
+                col_total[col] -= count
+                freed += sum(t * wk for t, wk in zip(taken, weights, strict=True))
+            break
+        self.used -= freed
+        return removed
+
+    def _greedy(self, free: int) -> int:
+        """:class:`GreedyAdmission`'s count on the queue of class indices."""
+        count = 0
+        lens = self.w.input_lens
+        for k in self.queue:
+            free -= lens[k]
+            if free < 0:
+                break
+            count += 1
+        return count
+
+    def _stages(self) -> list[int]:
+        cols = [(self.head - j) % self.length for j in range(self.length)]
+        return [sum(row[c] for row in self.ring) for c in cols]
+
+    def run(self, steps: int, record: bool) -> ModelResult:
+        w, k_range, length, ring = self.w, range(self.k), self.length, self.ring
+        l0, l1 = w.input_lens, w.decode_lens
+        release = [a + b for a, b in zip(l0, l1, strict=True)]
+        col_total, col_base, l0p1 = self.col_total, self.col_base, self.l0p1
+        memory = w.memory
+        out_mem = [0.0] * steps
+        out_adm = [0.0] * steps
+        out_ev = [0.0] * steps
+        out_done = [0.0] * steps
+        out_queue = [0.0] * steps
+        stages = np.zeros((steps, length)) if record else None
         saturated = isinstance(self.arrivals, SaturatedArrivals)
+        poisson = self.arrivals if isinstance(self.arrivals, PoissonArrivals) else None
+        trace = self.arrivals if isinstance(self.arrivals, TraceArrivals) else None
+        queue = self.queue
+        alive = sum(sum(row) for row in ring)
         trace_pos = 0
         for n in range(steps):
-            done = e.execute()
-            if self.observer is not None:
-                for cls in np.flatnonzero(done).tolist():
-                    for _ in range(int(done[cls])):
-                        self.observer.observe_completion(self.templates[cls], float(n))
-            if isinstance(self.arrivals, PoissonArrivals):
-                count = int(self.rng.poisson(self.arrivals.rate))
+            # Execute: survivors grow one token; class k's stage l1,k - 1 finishes.
+            head = self.head
+            done = [0] * self.k
+            freed = 0
+            for k in k_range:
+                col = (head - l1[k] + 1) % length
+                count = ring[k][col]
                 if count:
-                    self.queue.extend(self.rng.choice(e.k, size=count, p=e.mix).tolist())
-            elif isinstance(self.arrivals, TraceArrivals):
-                while trace_pos < len(self.arrivals.steps) and self.arrivals.steps[trace_pos] <= n:
-                    self.queue.append(self.arrivals.classes[trace_pos])
+                    done[k] = count
+                    ring[k][col] = 0
+                    col_total[col] -= count
+                    col_base[col] -= count * l0p1[k]
+                    freed += count * release[k]
+            done_total = sum(done)
+            alive -= done_total
+            self.used += alive - freed
+            self.head = head = head + 1 if head + 1 < length else 0
+            if self.observer is not None and done_total:
+                for cls in k_range:
+                    for _ in range(done[cls]):
+                        self.observer.observe_completion(self.templates[cls], float(n))
+            if poisson is not None:
+                count = int(self.rng.poisson(poisson.rate))
+                if count:
+                    queue.extend(self.rng.choice(self.k, size=count, p=self.mix).tolist())
+            elif trace is not None:
+                while trace_pos < len(trace.steps) and trace.steps[trace_pos] <= n:
+                    queue.append(trace.classes[trace_pos])
                     trace_pos += 1
             evicted = 0
-            if e.overflow() > 0:
-                removed = e.evict_integer()
-                evicted = int(removed.sum())
-                for cls in np.flatnonzero(removed)[::-1].tolist():
-                    self.queue.extendleft([cls] * int(removed[cls]))
-            free = w.memory - e.used
+            if self.used > memory:
+                removed = self._evict(self.used - memory)
+                evicted = sum(removed)
+                alive -= evicted
+                for cls in reversed(k_range):
+                    if removed[cls]:
+                        queue.extendleft([cls] * removed[cls])
+            free = memory - self.used
             if saturated:
                 self._top_up(free)
-            head = _QueueView(self.queue, self.templates)
-            state = SchedulerState(
-                step=n, time=float(n), used_tokens=round(e.used), capacity_tokens=w.memory
-            )
-            asked = int(self.policy.admit(state, head)) if len(head) else 0
-            if not 0 <= asked <= len(head):
-                raise ValueError(f"policy admitted {asked} of {len(head)} waiting requests")
-            masses = np.zeros(e.k, dtype=np.int64)
+            if not queue:
+                asked = 0
+            elif self.inline_greedy:
+                asked = self._greedy(max(0, free))
+            else:
+                view = _QueueView(queue, self.templates)
+                state = SchedulerState(
+                    step=n, time=float(n), used_tokens=self.used, capacity_tokens=memory
+                )
+                asked = int(self.policy.admit(state, view))
+                if not 0 <= asked <= len(queue):
+                    raise ValueError(f"policy admitted {asked} of {len(queue)} waiting requests")
+            admitted = 0
             budget = free
             for _ in range(asked):
-                k = self.queue[0]
+                k = queue[0]
                 # The model reserves the next decoding token: admission costs l0 + 1.
-                if w.input_lens[k] + 1 > budget:
+                if l0[k] + 1 > budget:
                     break
-                budget -= w.input_lens[k] + 1
-                masses[k] += 1
-                self.queue.popleft()
-            e.add(masses)
-            waiting = 0.0 if saturated else float(len(self.queue))
-            out[:, n] = (e.used, float(masses.sum()), evicted, float(done.sum()), waiting)
+                budget -= l0[k] + 1
+                ring[k][head] += 1
+                col_total[head] += 1
+                col_base[head] += l0p1[k]
+                admitted += 1
+                queue.popleft()
+            alive += admitted
+            self.used += free - budget
+            out_mem[n] = self.used
+            out_adm[n] = admitted
+            out_ev[n] = evicted
+            out_done[n] = done_total
+            out_queue[n] = 0.0 if saturated else float(len(queue))
             if stages is not None:
-                stages[n] = e.stage_view().sum(axis=0)
+                stages[n] = self._stages()
+        out = np.array([out_mem, out_adm, out_ev, out_done, out_queue], dtype=np.float64)
         return _result(w, "integer", self.name, out, stages)
 
 

@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from scipy.optimize import brentq
 
 from kvpolicy.admit._errors import RootFindingError
-from kvpolicy.admit._workload import Workload
+from kvpolicy.admit._workload import StabilityWorkload
 
 __all__ = [
     "StabilityReport",
@@ -47,14 +47,14 @@ def decode_gcd(decode_lens: tuple[int, ...] | list[int]) -> int:
     return reduce(math.gcd, (int(v) for v in decode_lens))
 
 
-def _survival(workload: Workload) -> NDArray[np.float64]:
+def _survival(workload: StabilityWorkload) -> NDArray[np.float64]:
     """``s_m = sum_{k: l1,k > m} p_k`` for lags ``m = 0..L-1``: (L,) float64."""
     lags = np.arange(workload.max_decode_len)
     l1 = np.asarray(workload.decode_lens)[:, None]
     return np.asarray(workload.mix) @ (lags[None, :] < l1).astype(np.float64)
 
 
-def characteristic_polynomial(workload: Workload) -> NDArray[np.float64]:
+def characteristic_polynomial(workload: StabilityWorkload) -> NDArray[np.float64]:
     """``F(z) = sum_m (sum_{k: l1,k > m} p_k (l0,k + 1 + m)) z^(L-1-m)`` (eq. 10).
 
     Its roots are the modes of the admission perturbations of the linearised recurrence
@@ -70,7 +70,7 @@ def characteristic_polynomial(workload: Workload) -> NDArray[np.float64]:
     return np.asarray(workload.mix) @ (alive * (l0 + 1.0 + lags[None, :]))
 
 
-def limiting_polynomial(workload: Workload) -> NDArray[np.float64]:
+def limiting_polynomial(workload: StabilityWorkload) -> NDArray[np.float64]:
     """``A(z) = sum_m (sum_{k: l1,k > m} p_k r_k) z^(L-1-m)`` (eq. 11).
 
     ``r_k = l0,k / max_k l0,k`` (the input-length ratios of the scaling (7)); any common
@@ -233,7 +233,7 @@ def min_stable_input_len(decode_lens: tuple[int, ...], mix: tuple[float, ...]) -
         ``l0,min``, or None when no input length is stable (``gcd > 1``: a root of ``S``
         stays on the unit circle, Theorem 3).
     """
-    workload = Workload(
+    workload = StabilityWorkload(
         input_lens=(1,) * len(decode_lens),
         decode_lens=decode_lens,
         memory=max(decode_lens) + 2,
@@ -330,7 +330,7 @@ class StabilityReport:
         }
 
 
-def analyze_stability(workload: Workload) -> StabilityReport:
+def analyze_stability(workload: StabilityWorkload) -> StabilityReport:
     """Spectral radius, unstable roots, GCD verdict and ``l0,min`` of a workload."""
     g = decode_gcd(workload.decode_lens)
     f = characteristic_polynomial(workload)

@@ -10,7 +10,7 @@ from attrs import field, frozen
 
 from kvpolicy.kvmodel import Request
 
-__all__ = ["Workload"]
+__all__ = ["StabilityWorkload"]
 
 
 def _int_tuple(name: str, values: object) -> tuple[int, ...]:
@@ -62,7 +62,7 @@ def _memory(_inst: object, _attr: attrs.Attribute[int], value: int) -> None:
 
 
 @frozen
-class Workload:
+class StabilityWorkload:
     """``K`` request classes sharing one GPU of ``M`` KV tokens (seed 002, §2.2 and §4.1).
 
     Class ``k`` has input length ``l0,k``, decoding length ``l1,k`` and proportion ``p_k``
@@ -104,12 +104,12 @@ class Workload:
             )
 
     @classmethod
-    def homogeneous(cls, input_len: int, decode_len: int, memory: int) -> Workload:
+    def homogeneous(cls, input_len: int, decode_len: int, memory: int) -> StabilityWorkload:
         """One class (``K = 1``) of §3."""
         return cls(input_lens=(input_len,), decode_lens=(decode_len,), memory=memory)
 
     @classmethod
-    def from_requests(cls, requests: Sequence[Request], memory: int) -> Workload:
+    def from_requests(cls, requests: Sequence[Request], memory: int) -> StabilityWorkload:
         """Classes are the distinct ``(prompt_len, decode_len)`` pairs, mixed by count."""
         if not requests:
             raise ValueError(f"'requests' must not be empty: {requests!r}")
@@ -138,10 +138,10 @@ class Workload:
         """``max_k l1,k``: the length of the longest pipeline."""
         return max(self.decode_lens)
 
-    def with_memory(self, memory: int) -> Workload:
+    def with_memory(self, memory: int) -> StabilityWorkload:
         """The same classes on a GPU of ``memory`` tokens."""
         return attrs.evolve(self, memory=memory)
 
-    def with_input_len(self, input_len: int) -> Workload:
+    def with_input_len(self, input_len: int) -> StabilityWorkload:
         """Every class given the common input length ``input_len`` (memory unchanged)."""
         return attrs.evolve(self, input_lens=(input_len,) * self.num_classes)

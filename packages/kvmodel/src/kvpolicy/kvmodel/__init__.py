@@ -10,6 +10,7 @@ from __future__ import annotations
 from kvpolicy.kvmodel.__about__ import __version__
 from kvpolicy.kvmodel._errors import BlockPoolError, KVModelError, UnknownPresetError
 from kvpolicy.kvmodel._planning import (
+    CapacityError,
     CapacityPlan,
     kv_budget_bytes,
     max_sequences,
@@ -84,6 +85,7 @@ __all__ = [
     "AttentionSource",
     "BlockPool",
     "BlockPoolError",
+    "CapacityError",
     "CapacityPlan",
     "CompletionObserver",
     "EvictionPolicy",

@@ -74,6 +74,68 @@ class ModelSpec:
         """KV bytes of one token: ``2 · L · H_kv · d_h · b`` (the 2 is K and V)."""
         return int(2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes)
 
+    @property
+    def query_heads(self) -> int:
+        """Query heads: ``num_attention_heads``, or ``num_kv_heads`` when that is 0."""
+        return self.num_attention_heads or self.num_kv_heads
+
+    def tensor_parallel_sizes(self) -> list[int]:
+        """Every valid ``tp``: divisors of the query heads that divide or are multiples of
+        the KV heads, ascending."""
+        heads, kv = self.query_heads, self.num_kv_heads
+        return [n for n in range(1, heads + 1) if heads % n == 0 and not (kv % n and n % kv)]
+
+    def check_parallel(self, tp: int = 1, pp: int = 1) -> None:
+        """Raise unless ``tp``-way tensor and ``pp``-way pipeline parallelism can split this model.
+
+        ``tp`` must be a positive int dividing the query heads, and either divide the KV heads
+        or be a multiple of them (then each KV head is replicated on ``tp / H_kv`` GPUs, as
+        vLLM and SGLang do); ``pp`` a positive int no larger than the layer count.
+
+        Raises:
+            TypeError: ``tp`` or ``pp`` is not an int.
+            ValueError: naming ``tp`` or ``pp`` and the values that would work.
+        """
+        for name, value in (("tp", tp), ("pp", pp)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"'{name}' must be an int: {value!r}")
+            if value < 1:
+                raise ValueError(f"'{name}' must be a positive int: {value!r}")
+        if tp > 1 and tp not in (valid := self.tensor_parallel_sizes()):
+            raise ValueError(
+                f"'tp' must divide the {self.query_heads} query heads of {self.name} and divide "
+                f"or be a multiple of its {self.num_kv_heads} KV heads (one of {valid}): {tp!r}"
+            )
+        if pp > self.num_layers:
+            raise ValueError(f"'pp' must be <= the {self.num_layers} layers of {self.name}: {pp!r}")
+
+    def kv_heads_per_gpu(self, tp: int = 1) -> int:
+        """KV heads each GPU stores under ``tp``-way tensor parallelism: ``max(1, H_kv / tp)``.
+
+        When ``tp > H_kv`` the KV heads are replicated (each GPU keeps one), so the total KV
+        memory grows with ``tp`` while the per-GPU share stops shrinking.
+        """
+        self.check_parallel(tp)
+        return max(1, self.num_kv_heads // tp)
+
+    def kv_bytes_per_token_per_gpu(self, tp: int = 1, pp: int = 1) -> int:
+        """KV bytes of one token on one GPU: ``2 · ceil(L / pp) · H_kv,gpu · d_h · b``.
+
+        With ``pp`` pipeline stages the first stages hold ``ceil(L / pp)`` layers; that
+        stage bounds the capacity. ``tp = pp = 1`` gives :meth:`kv_bytes_per_token`.
+        """
+        self.check_parallel(tp, pp)
+        layers = -(-self.num_layers // pp)
+        return int(2 * layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_dtype_bytes)
+
+    def weight_bytes_per_gpu(self, tp: int = 1, pp: int = 1) -> int:
+        """Weight bytes on one GPU: the weights split evenly over ``tp · pp`` GPUs (rounded up).
+
+        Replicated pieces (embeddings under tp, norms) are ignored: a few percent at most.
+        """
+        self.check_parallel(tp, pp)
+        return -(-self.weight_bytes() // (tp * pp))
+
     def kv_bytes_per_block(self, block_size: int) -> int:
         """KV bytes of one paged block of ``block_size`` tokens."""
         if not isinstance(block_size, int) or isinstance(block_size, bool):

@@ -10,13 +10,13 @@ from rich.console import Console
 from rich.table import Table
 
 from kvpolicy.admit import (
+    ModelResult,
     PoissonArrivals,
     SaturatedArrivals,
-    SimulationResult,
-    Workload,
+    StabilityWorkload,
     analyze_stability,
     eviction_free_rate,
-    simulate,
+    simulate_model,
     worst_cycle_ratio,
     worst_cycle_throughput,
 )
@@ -42,12 +42,12 @@ def _floats(name: str, text: str) -> tuple[float, ...]:
         ) from exc
 
 
-def _workload(input_len: str, decode_len: str, mix: str | None, memory: int) -> Workload:
+def _workload(input_len: str, decode_len: str, mix: str | None, memory: int) -> StabilityWorkload:
     l0 = _ints("--input-len", input_len)
     l1 = _ints("--decode-len", decode_len)
     proportions = _floats("--mix", mix) if mix else tuple([1.0 / len(l0)] * len(l0))
     try:
-        return Workload(input_lens=l0, decode_lens=l1, memory=memory, mix=proportions)
+        return StabilityWorkload(input_lens=l0, decode_lens=l1, memory=memory, mix=proportions)
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from exc
 
@@ -118,7 +118,7 @@ def _arrivals(text: str) -> SaturatedArrivals | PoissonArrivals:
     )
 
 
-def _plot(result: SimulationResult, path: pathlib.Path) -> None:
+def _plot(result: ModelResult, path: pathlib.Path) -> None:
     try:
         import matplotlib
 
@@ -177,7 +177,7 @@ def simulate_cmd(
 ) -> None:
     """Run the discrete-time model: throughput, evictions and queue growth."""
     workload = _workload(input_len, decode_len, mix, memory)
-    result = simulate(
+    result = simulate_model(
         workload,
         steps=steps,
         arrivals=_arrivals(arrivals),

@@ -12,6 +12,7 @@ from kvpolicy.kvmodel import (
     GPU_PRESETS,
     KV_DTYPE_BYTES,
     MODEL_PRESETS,
+    CapacityError,
     KVModelError,
     get_gpu,
     get_model,
@@ -33,6 +34,15 @@ def group() -> None:
 @click.option("--kv-dtype", default=None, help=f"KV dtype: {', '.join(KV_DTYPE_BYTES)}.")
 @click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
 @click.option("--block-size", type=int, default=16, show_default=True)
+@click.option(
+    "--tp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Tensor-parallel GPUs: weights and KV heads split over them (KV heads replicated "
+    "past the model's KV head count).",
+)
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel stages.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan(
     model_name: str,
@@ -41,9 +51,15 @@ def plan(
     kv_dtype: str | None,
     gpu_memory_utilization: float,
     block_size: int,
+    tp: int,
+    pp: int,
     as_json: bool,
 ) -> None:
-    """Bytes per token, KV budget and how many sequences of CONTEXT tokens fit."""
+    """Bytes per token, KV budget and how many sequences of CONTEXT tokens fit.
+
+    With --tp/--pp the byte figures are per GPU and the counts those of the whole group.
+    A model that does not fit one sequence exits with status 1 and says what would fit.
+    """
     try:
         model = get_model(model_name)
         if kv_dtype is not None:
@@ -55,16 +71,23 @@ def plan(
             context,
             gpu_memory_utilization=gpu_memory_utilization,
             block_size=block_size,
+            tp=tp,
+            pp=pp,
         )
+    except CapacityError as exc:
+        raise click.ClickException(str(exc)) from exc
     except (KVModelError, ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(result.as_dict()))
         return
-    table = Table(title=f"{result.model} on {result.gpu}", show_header=False)
-    table.add_row("KV bytes per token", f"{result.bytes_per_token:,}")
-    table.add_row("weights", f"{result.weight_bytes / 2**30:,.2f} GiB")
-    table.add_row("KV budget", f"{result.kv_budget_bytes / 2**30:,.2f} GiB")
+    gpus = result.tp * result.pp
+    where = result.gpu if gpus == 1 else f"{gpus}x {result.gpu} (tp={tp}, pp={pp})"
+    per_gpu = "" if gpus == 1 else " per GPU"
+    table = Table(title=f"{result.model} on {where}", show_header=False)
+    table.add_row(f"KV bytes per token{per_gpu}", f"{result.bytes_per_token:,}")
+    table.add_row(f"weights{per_gpu}", f"{result.weight_bytes / 2**30:,.2f} GiB")
+    table.add_row(f"KV budget{per_gpu}", f"{result.kv_budget_bytes / 2**30:,.2f} GiB")
     table.add_row("KV capacity", f"{result.kv_capacity_tokens:,} tokens")
     table.add_row(f"sequences of {result.context_len:,} tokens", f"{result.max_sequences:,}")
     table.add_row(f"blocks of {result.block_size} tokens", f"{result.num_blocks:,}")
