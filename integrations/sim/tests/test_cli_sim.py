@@ -308,3 +308,19 @@ class TestVllmCrosscheck:
         code, out = _invoke("vllm", "crosscheck", "--workload", "uniform:5", "--num-blocks", "64")
         assert code == 2
         assert "needs kvpolicy-vllm and vLLM 0.32" in out
+
+
+class TestTensorParallel:
+    def test_70b_needs_tp_and_runs_with_it(self) -> None:
+        """Llama-3-70B fits no single H100: the error names the tp that fits, and --tp 4
+        simulates it with a per-GPU KV pool."""
+        args = ["--workload", "multi-tenant", "--num-requests", "40", "--model", "Llama-3-70B"]
+        code, out = _invoke("sim", "run", *args, "--gpu", "H100-SXM")
+        assert code == 2
+        assert "tp >= 2 (--tp 2, timing.tp)" in out
+        result = CliRunner().invoke(
+            main, ["sim", "run", *args, "--gpu", "H100-SXM", "--tp", "4", "--json"]
+        )
+        assert result.exit_code == 0, result.output
+        (run,) = json.loads(result.stdout)["runs"]
+        assert run["summary"]["completed"] == 40

@@ -191,6 +191,9 @@ class TimingConfig:
         default=None, converter=attrs.converters.optional(float), validator=optional(ge(0.0))
     )
     """Fixed seconds per iteration."""
+    tp: int | None = field(default=None, validator=optional([instance_of(int), ge(1)]))
+    """Tensor-parallel GPUs serving the model (weights and KV heads split, all-reduces
+    timed); None is one GPU. The KV pool is one GPU's share."""
 
     def constants(self) -> dict[str, float]:
         """The constants set, as keyword arguments of :class:`~kvpolicy.sim.TimingModel`."""

@@ -64,10 +64,23 @@ def pool_capacity_tokens(timing: TimingModel, engine: EngineConfig) -> int:
         )
         cap = budget // timing.kv_bytes_per_token
     if cap // bs < 1:
+        hint = ""
+        if engine.kv_capacity_tokens is None:
+            from kvpolicy.kvmodel import kv_budget_bytes
+
+            model, util = timing.model, engine.gpu_memory_utilization
+            for tp in model.tensor_parallel_sizes():
+                per_token = model.kv_bytes_per_token_per_gpu(tp)
+                if (
+                    tp > timing.tp
+                    and kv_budget_bytes(model, timing.gpu, util, tp=tp) >= bs * per_token
+                ):
+                    hint = f"; it fits with tensor parallelism tp >= {tp} (--tp {tp}, timing.tp)"
+                    break
         raise ConfigError(
             f"no KV memory: {timing.model.name} on {timing.gpu.name} at "
-            f"gpu_memory_utilization={engine.gpu_memory_utilization} leaves {cap} tokens, "
-            f"less than one block of {bs}"
+            f"gpu_memory_utilization={engine.gpu_memory_utilization} (tp={timing.tp}) leaves "
+            f"{cap} tokens, less than one block of {bs}{hint}"
         )
     return (cap // bs) * bs
 

@@ -60,6 +60,12 @@ def _specs(model: str, gpu: str) -> tuple[ModelSpec, GPUSpec]:
 
 def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option(
+        "--tp",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Tensor-parallel GPUs per server (overrides the stacks' timing.tp).  [default: 1]",
+    )(f)
+    f = click.option(
         "--gpu", type=click.Choice(list(GPU_PRESETS)), required=True, help="The accelerator."
     )(f)
     return click.option(
@@ -71,6 +77,15 @@ _STACK_HELP = (
     "A preset (vllm: vLLM's defaults; kvpolicy: every kvpolicy package) or a YAML stack file."
 )
 _REPORT_HELP = "Write an HTML report (tables, plots, JSON) into this directory."
+
+
+def _with_tp(cfg: Any, tp: int | None) -> Any:
+    """``cfg`` served by ``tp`` tensor-parallel GPUs (unchanged when ``tp`` is None)."""
+    import attrs
+
+    if tp is None:
+        return cfg
+    return attrs.evolve(cfg, timing=attrs.evolve(cfg.timing, tp=tp))
 
 
 def _run_stacks(
@@ -146,12 +161,13 @@ def run(
     spec: WorkloadSpec,
     model: str,
     gpu: str,
+    tp: int | None,
     stack: str,
     report: pathlib.Path | None,
     as_json: bool,
 ) -> None:
     """Simulate one policy stack on a workload or a trace."""
-    _compare_stacks((stack,), spec, model, gpu, report, as_json)
+    _compare_stacks((stack,), spec, model, gpu, report, as_json, tp)
 
 
 @group.command("compare")
@@ -173,12 +189,13 @@ def compare(
     spec: WorkloadSpec,
     model: str,
     gpu: str,
+    tp: int | None,
     stacks: tuple[str, ...],
     report: pathlib.Path | None,
     as_json: bool,
 ) -> None:
     """Simulate several policy stacks on one workload, side by side."""
-    _compare_stacks(stacks, spec, model, gpu, report, as_json)
+    _compare_stacks(stacks, spec, model, gpu, report, as_json, tp)
 
 
 def _compare_stacks(
@@ -188,6 +205,7 @@ def _compare_stacks(
     gpu: str,
     report: pathlib.Path | None,
     as_json: bool,
+    tp: int | None = None,
 ) -> None:
     """Load the workload once, simulate each stack on it, then print and report."""
     from kvpolicy.sim import get_stack
@@ -195,7 +213,7 @@ def _compare_stacks(
     console = Console(stderr=True)
     m, g = _specs(model, gpu)
     try:
-        cfgs = [get_stack(s) for s in stacks]
+        cfgs = [_with_tp(get_stack(s), tp) for s in stacks]
     except _ERRORS as exc:
         raise click.UsageError(str(exc)) from exc
     # Prefix hashes at the finest block size of the stacks; each engine re-chunks them.
@@ -240,6 +258,7 @@ def sweep_cmd(
     spec: WorkloadSpec,
     model: str,
     gpu: str,
+    tp: int | None,
     stack: str,
     params: tuple[str, ...],
     executor: str,
@@ -252,7 +271,7 @@ def sweep_cmd(
     m, g = _specs(model, gpu)
     grid = dict(_parse_param(p) for p in params)
     try:
-        cfg = get_stack(stack)
+        cfg = _with_tp(get_stack(stack), tp)
     except _ERRORS as exc:
         raise click.UsageError(str(exc)) from exc
     w = spec.load(cfg.engine.block_size)
