@@ -50,7 +50,7 @@ class TestAnalyze:
         code, out = _invoke("analyze", *_EXAMPLE_4)
         assert code == 0, out
         assert "spectral radius of F" in out
-        assert "l0,min (exact)" in out
+        assert "shortest stable prompt (exact)" in out
 
     @pytest.mark.parametrize(
         ("args", "message"),

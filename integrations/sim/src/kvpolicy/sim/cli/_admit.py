@@ -1,4 +1,5 @@
-"""``kvpolicy admit``: stability analysis and model simulation of seed 002."""
+"""``kvpolicy admit``: stability analysis and model simulation of continuous batching
+(after "Service-Induced Congestion in Memory-Constrained LLM Serving")."""
 
 from __future__ import annotations
 
@@ -68,14 +69,16 @@ def _with_workload(func: click.decorators.FC) -> click.decorators.FC:
 
 @click.group()
 def group() -> None:
-    """Stability of continuous batching under growing KV caches (seed 002)."""
+    """Stability of continuous batching under growing KV caches (after "Service-Induced
+    Congestion in Memory-Constrained LLM Serving")."""
 
 
 @group.command("analyze")
 @_with_workload
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def analyze(input_len: str, decode_len: str, mix: str | None, memory: int, as_json: bool) -> None:
-    """x*, worst-cycle throughput, spectral radius, GCD verdict and l0,min of a workload."""
+    """Eviction-free rate x*, worst-cycle throughput, spectral radius, GCD stability verdict
+    and the shortest prompt that keeps the system stable."""
     workload = _workload(input_len, decode_len, mix, memory)
     report = analyze_stability(workload)
     doc = {
@@ -97,11 +100,13 @@ def analyze(input_len: str, decode_len: str, mix: str | None, memory: int, as_js
     table.add_row("gcd of decode lengths", str(report.gcd))
     table.add_row("stable", "yes" if report.stable else "no")
     table.add_row(
-        "l0,min (exact)",
+        "shortest stable prompt (exact)",
         "none (gcd > 1)" if report.min_input_len is None else str(report.min_input_len),
     )
     if report.min_input_len_asymptotic is not None:
-        table.add_row("l0,min (Proposition 4)", f"{report.min_input_len_asymptotic:.1f}")
+        table.add_row(
+            "shortest stable prompt (asymptotic)", f"{report.min_input_len_asymptotic:.1f}"
+        )
     Console().print(table)
 
 
