@@ -326,7 +326,12 @@ def build(session: nox.Session) -> None:
         session.run(python, "-c", code, external=True)
     sdist = next(dist.glob("kvpolicy_kvmodel-*.tar.gz"))
     session.run(*pip, "--no-deps", "--force-reinstall", str(sdist), external=True)
-    session.run(*pip, "--find-links", str(dist), "kvpolicy-sim", external=True)
+    # A second fresh venv: the user's install line, every kvpolicy-* taken from dist/.
+    user = pathlib.Path(session.create_tmp()) / "user"
+    session.run(sys.executable, "-m", "venv", "--clear", str(user), external=True)
+    python = str(_venv_python(user))
+    session.run(python, "-m", "pip", "install", "-q", "--find-links", str(dist), "kvpolicy-sim",
+                external=True)  # fmt: skip
     session.run(python, "-c", "import kvpolicy.sim, kvpolicy.evict", external=True)
-    session.run(str(check / "bin" / "kvpolicy"), "--help", external=True, silent=True)
+    session.run(str(user / "bin" / "kvpolicy"), "--help", external=True, silent=True)
     session.log(f"built {len(list(dist.iterdir()))} files in {dist}")
