@@ -225,9 +225,9 @@ class LastLine:
             return ()
         note = (
             f"{os.fspath(path)}, line {self.last_line}, column {self.column!r}: the file ends "
-            f"without a newline and this field is narrower ({self.last_width} characters) "
-            f"than in every row before it (at least {self.narrowest}): the last line may be "
-            f"cut short"
+            f"without a newline and this field has {self.last_width} character(s), fewer than "
+            f"in every row before it (at least {self.narrowest}): the last line may be cut "
+            f"short"
         )
         warnings.warn(note, TraceWarning, stacklevel=3)
         return (note,)
