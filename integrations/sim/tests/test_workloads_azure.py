@@ -63,7 +63,9 @@ class TestLoadAzure:
     def test_bad_row_names_file_and_line(self, tmp_path: pathlib.Path) -> None:
         """A malformed row raises TraceFormatError with the file and the line."""
         path = write_csv(tmp_path, "2023-11-16 18:15:46.1,374,44", "2023-11-16 18:15:47,abc,4")
-        with pytest.raises(TraceFormatError, match=f"{path}, line 3: .*'abc'") as info:
+        with pytest.raises(
+            TraceFormatError, match=f"{path}, line 3, column 'ContextTokens': .*'abc'"
+        ) as info:
             load_trace(path, "azure")
         assert (info.value.line, info.value.path) == (3, str(path))
         assert isinstance(info.value, ValueError)

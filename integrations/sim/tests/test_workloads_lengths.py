@@ -68,7 +68,9 @@ class TestLoadLengths:
     def test_bad_rows_and_skip(self, tmp_path: pathlib.Path) -> None:
         """Bad rows name file and line; skip_bad counts them; zeros are clamped."""
         path = write_csv(tmp_path, "5,6,11,1", "x,6,0,0", "5,0,5,0", "1,2")
-        with pytest.raises(TraceFormatError, match=f"{path}, line 3: .*'x'"):
+        with pytest.raises(
+            TraceFormatError, match=f"{path}, line 3, column 'num_prefill_tokens': .*'x'"
+        ):
             load_trace(path, rate=1.0)
         w = load_trace(path, rate=1.0, skip_bad=True)
         assert (w.num_requests, w.skipped_rows, w.clamped_rows) == (2, 2, 1)

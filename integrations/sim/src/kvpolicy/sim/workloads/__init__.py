@@ -25,7 +25,7 @@ provenance are tabulated in :mod:`kvpolicy.sim.workloads._calibration`.
 from __future__ import annotations
 
 from kvpolicy.sim.workloads._arrivals import ArrivalProcess, GammaArrivals, Poisson, Saturated
-from kvpolicy.sim.workloads._errors import TraceFormatError, WorkloadError
+from kvpolicy.sim.workloads._errors import TraceFormatError, TraceWarning, WorkloadError
 from kvpolicy.sim.workloads._lengthdist import (
     EmpiricalLengths,
     FixedLengths,
@@ -62,6 +62,7 @@ __all__ = [
     "SyntheticConfig",
     "TenantSpec",
     "TraceFormatError",
+    "TraceWarning",
     "Workload",
     "WorkloadError",
     "describe",

@@ -12,7 +12,15 @@ import datetime as dt
 import os
 import re
 
-from kvpolicy.sim.workloads._common import RowLog, assemble, check_limit, check_path, parse_length
+from kvpolicy.sim.workloads._common import (
+    FieldError,
+    LastLine,
+    RowLog,
+    assemble,
+    check_limit,
+    check_path,
+    parse_length,
+)
 from kvpolicy.sim.workloads._errors import TraceFormatError
 from kvpolicy.sim.workloads._workload import Workload
 
@@ -79,6 +87,8 @@ def load_azure(
     log = RowLog(path=os.fspath(p), skip_bad=skip_bad)
     rows: list[tuple[float, int, int, int, tuple[int, ...]]] = []
     ns_rows: list[tuple[int, int, int, int]] = []
+    last = LastLine(AZURE_HEADER[2])
+    notes: tuple[str, ...] = ()
     with p.open(newline="", encoding="utf-8-sig", errors="replace") as f:
         reader = csv.reader(f)
         header = next(reader, None)
@@ -93,18 +103,24 @@ def load_azure(
             if len(fields) != 3:
                 log.bad(line, f"expected 3 fields, got {len(fields)}: {fields!r}")
                 continue
+            last.observe(line, fields[2])
             try:
-                ns = parse_timestamp_ns(fields[0])
+                try:
+                    ns = parse_timestamp_ns(fields[0])
+                except ValueError as exc:
+                    raise FieldError(AZURE_HEADER[0], str(exc)) from None
                 prompt = parse_length(fields[1].strip(), "ContextTokens")
                 decode = parse_length(fields[2].strip(), "GeneratedTokens")
             except ValueError as exc:
-                log.bad(line, str(exc))
+                log.bad(line, exc)
                 continue
             prompt, decode = log.clamp(prompt, decode)
             ns_rows.append((ns, line, prompt, decode))
             if limit is not None and len(ns_rows) >= limit:
                 break
+        else:
+            notes = last.check(p)
     # Subtract in integers first: float seconds since year 1 would lose the 100 ns digits.
     ns0 = min((r[0] for r in ns_rows), default=0)
     rows = [((ns - ns0) / _NS, line, pr, de, ()) for ns, line, pr, de in ns_rows]
-    return assemble(p.stem, rows, log, source=log.path, rate=rate)
+    return assemble(p.stem, rows, log, source=log.path, rate=rate, notes=notes)

@@ -5,14 +5,46 @@ from __future__ import annotations
 import math
 import os
 import pathlib
+import warnings
 
 import attrs
 
 from kvpolicy.kvmodel import Request
-from kvpolicy.sim.workloads._errors import TraceFormatError
+from kvpolicy.sim.workloads._errors import TraceFormatError, TraceWarning
 from kvpolicy.sim.workloads._workload import Workload
 
-__all__ = ["Row", "RowLog", "assemble", "check_limit", "check_path", "parse_length"]
+__all__ = [
+    "MAX_TOKENS",
+    "FieldError",
+    "LastLine",
+    "Row",
+    "RowLog",
+    "assemble",
+    "check_limit",
+    "check_path",
+    "check_tokens",
+    "parse_length",
+]
+
+MAX_TOKENS = 1 << 32
+"""Largest token count a trace may hold in one field (4,294,967,296).
+
+Far above any real context or output (millions of tokens), and small enough that a count
+times the KV bytes of a token (below 2**20 for every model in the catalogue) stays within
+int64, which the engine's block and byte arithmetic use.
+"""
+
+
+class FieldError(ValueError):
+    """A bad value in one named field of a row (the loaders add the file and line).
+
+    Attributes:
+        column: the CSV header name or JSON key of the field.
+    """
+
+    def __init__(self, column: str, reason: str) -> None:
+        self.column = column
+        super().__init__(reason)
 
 
 def check_path(path: str | os.PathLike[str]) -> pathlib.Path:
@@ -36,22 +68,36 @@ def check_limit(limit: int | None) -> int | None:
     return limit
 
 
-def parse_length(text: str, column: str) -> int:
-    """A token count: a non-negative integer, written ``"12"`` or ``"12.0"``.
+def check_tokens(value: int, column: str) -> int:
+    """``value`` when it is a token count in ``[0, MAX_TOKENS]``.
 
     Raises:
-        ValueError: anything else (the caller turns it into a :class:`TraceFormatError`).
+        FieldError: a negative count or one above :data:`MAX_TOKENS`.
+    """
+    if value < 0:
+        raise FieldError(column, f"must be >= 0: {value}")
+    if value > MAX_TOKENS:
+        raise FieldError(column, f"must be at most {MAX_TOKENS:,} tokens: {value}")
+    return value
+
+
+def parse_length(text: str, column: str) -> int:
+    """A token count: an integer in ``[0, MAX_TOKENS]``, written ``"12"`` or ``"12.0"``.
+
+    Raises:
+        FieldError: anything else, naming ``column`` (the caller adds the file and line).
     """
     try:
         value = int(text)
     except ValueError:
-        number = float(text)  # raises ValueError on junk
+        try:
+            number = float(text)
+        except ValueError:
+            raise FieldError(column, f"must be an integer token count: {text!r}") from None
         if not (math.isfinite(number) and number.is_integer()):
-            raise ValueError(f"{column} must be an integer: {text!r}") from None
+            raise FieldError(column, f"must be an integer: {text!r}") from None
         value = int(number)
-    if value < 0:
-        raise ValueError(f"{column} must be >= 0: {text!r}")
-    return value
+    return check_tokens(value, column)
 
 
 Row = tuple[float, int, int, int, tuple[int, ...]]
@@ -67,10 +113,16 @@ class RowLog:
     skipped: int = 0
     clamped: int = 0
 
-    def bad(self, line: int, reason: str, path: str | None = None) -> None:
-        """A malformed row of ``path`` (default: the log's file): raise, or count it."""
+    def bad(self, line: int, reason: str | ValueError, path: str | None = None) -> None:
+        """A malformed row of ``path`` (default: the log's file): raise, or count it.
+
+        ``reason`` may be the error a field's parser raised; a :class:`FieldError` names
+        the column in the :class:`TraceFormatError`.
+        """
         if not self.skip_bad:
-            raise TraceFormatError(self.path if path is None else path, line, reason)
+            column = reason.column if isinstance(reason, FieldError) else None
+            where = self.path if path is None else path
+            raise TraceFormatError(where, line, str(reason), column)
         self.skipped += 1
 
     def clamp(self, prompt_len: int, decode_len: int) -> tuple[int, int]:
@@ -103,6 +155,9 @@ def assemble(
     ``hash_block_size`` is the tokens each row's prefix hashes cover.
     """
     notes = tuple(notes)
+    if not rows:
+        what = f"all {log.skipped} data rows are malformed" if log.skipped else "no data rows"
+        raise TraceFormatError(log.path, None, f"no requests: {what}")
     if any(rows[i][0] < rows[i - 1][0] for i in range(1, len(rows))):
         moved = sum(1 for i in range(1, len(rows)) if rows[i][0] < rows[i - 1][0])
         notes += (f"{moved} rows arrive before the row above them; rows sorted by time",)
@@ -132,3 +187,50 @@ def assemble(
         notes=notes,
     )
     return workload if rate is None else workload.with_rate(rate)
+
+
+@attrs.define
+class LastLine:
+    """Watches one column for a last row cut short (a file copied or written partially).
+
+    A file that does not end with a newline is legitimate (many editors write one), so the
+    last row is suspected only when, in addition, its last field is narrower than that
+    column's narrowest value in every row before it: a number cut inside its digits. The
+    check is a warning (:class:`TraceWarning`) plus a note, not an error, since a legitimate
+    small last value looks the same. ``observe`` every row, then ``check`` once at the end.
+    """
+
+    column: str
+    narrowest: int | None = None
+    last_width: int | None = None
+    last_line: int | None = None
+
+    def observe(self, line: int, field: str) -> None:
+        """Record the width of the column's field in row ``line``."""
+        if self.last_width is not None:
+            prev = self.last_width
+            self.narrowest = prev if self.narrowest is None else min(self.narrowest, prev)
+        self.last_width = len(field.strip())
+        self.last_line = line
+
+    def check(self, path: pathlib.Path) -> tuple[str, ...]:
+        """Warn, and return a note, when the last row looks cut short; else ``()``."""
+        if self.last_width is None or self.narrowest is None:
+            return ()
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return ()
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) in (b"\n", b"\r"):
+                return ()
+        if self.last_width >= self.narrowest:
+            return ()
+        note = (
+            f"{os.fspath(path)}, line {self.last_line}, column {self.column!r}: the file ends "
+            f"without a newline and this field has {self.last_width} character(s), fewer than "
+            f"in every row before it (at least {self.narrowest}): the last line may be cut "
+            f"short"
+        )
+        warnings.warn(note, TraceWarning, stacklevel=3)
+        return (note,)

@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from kvpolicy.sim.workloads._common import (
+    LastLine,
     Row,
     RowLog,
     assemble,
@@ -74,7 +75,8 @@ def load_lengths(
         seed: seed of the arrival times.
 
     Raises:
-        TraceFormatError: no recognised header, or a malformed row without ``skip_bad``.
+        TraceFormatError: no recognised header, no data rows, or a malformed row without
+            ``skip_bad`` (naming the file, line and column).
         ValueError: a bad ``rate`` or ``seed``.
     """
     p = check_path(path)
@@ -101,6 +103,8 @@ def load_lengths(
             )
         pi, di = columns
         width = len(header) if header else 0
+        last = LastLine(header[-1].strip() if header else "")
+        notes: tuple[str, ...] = ()
         for fields in reader:
             if not fields:
                 continue
@@ -108,20 +112,23 @@ def load_lengths(
             if len(fields) != width:
                 log.bad(line, f"expected {width} fields, got {len(fields)}: {fields!r}")
                 continue
+            last.observe(line, fields[-1])
             try:
                 prompt = parse_length(fields[pi].strip(), header[pi].strip())  # type: ignore[index]
                 decode = parse_length(fields[di].strip(), header[di].strip())  # type: ignore[index]
             except ValueError as exc:
-                log.bad(line, str(exc))
+                log.bad(line, exc)
                 continue
             prompt, decode = log.clamp(prompt, decode)
             parsed.append((line, prompt, decode))
             if limit is not None and len(parsed) >= limit:
                 break
+        else:
+            notes = last.check(p)
     times = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, size=len(parsed)))
     rows: list[Row] = [
         (t, line, prompt, decode, ())
         for t, (line, prompt, decode) in zip(times.tolist(), parsed, strict=True)
     ]
     note = f"Poisson arrivals at {rate:g} req/s (seed {seed}), rows in file order"
-    return assemble(p.stem, rows, log, source=log.path, notes=(note,))
+    return assemble(p.stem, rows, log, source=log.path, notes=(note, *notes))

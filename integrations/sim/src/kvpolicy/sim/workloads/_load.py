@@ -106,9 +106,26 @@ def load_trace(
         start: seconds into the series where the workload begins (``servegen``).
         duration: seconds of series to use (``servegen``); ``None`` runs to the end.
 
+    Bad input is refused at load time, never passed on to fail later:
+
+    * a malformed field names the file, the line and the column (``TraceFormatError.column``:
+      the CSV header name, the JSON key, or ServeGen's ``timestamp_s``, ``rate``, ...);
+    * token counts must be at most :data:`~kvpolicy.sim.workloads._common.MAX_TOKENS`
+      (2**32);
+    * a ServeGen window may need at most ``MAX_WINDOW_ARRIVALS`` (10 million) arrivals and a
+      load without ``limit`` at most ``MAX_ARRIVALS`` (20 million), checked before drawing;
+    * a file without data rows, an empty ServeGen client file and a ServeGen range without
+      traffic are errors;
+    * a last line that may be cut short (no final newline, and its last field narrower than
+      that column in every row before it) gives a :class:`TraceWarning` and a note: a file
+      without a final newline is otherwise legitimate (the Azure trace has none).
+
     Raises:
-        TraceFormatError: a malformed file or row (naming the file and the line).
+        TraceFormatError: a malformed file or row (naming the file, the line and the column).
         ValueError: an unknown ``format`` (listing the known ones) or bad arguments.
+
+    Warns:
+        TraceWarning: the last line looks cut short.
     """
     p = check_path(path)
     if not isinstance(skip_bad, bool):

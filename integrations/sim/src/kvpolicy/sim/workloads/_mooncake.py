@@ -29,7 +29,15 @@ import os
 
 import numpy as np
 
-from kvpolicy.sim.workloads._common import Row, RowLog, assemble, check_limit, check_path
+from kvpolicy.sim.workloads._common import (
+    FieldError,
+    Row,
+    RowLog,
+    assemble,
+    check_limit,
+    check_path,
+    check_tokens,
+)
 from kvpolicy.sim.workloads._workload import Workload
 
 __all__ = ["MOONCAKE_BLOCK_SIZE", "expand_block_hashes", "load_mooncake"]
@@ -103,10 +111,8 @@ def _int_field(obj: dict[str, object], key: str) -> int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         else:
-            raise ValueError(f"{key!r} must be an integer: {value!r}")
-    if value < 0:
-        raise ValueError(f"{key!r} must be >= 0: {value!r}")
-    return value
+            raise FieldError(key, f"must be an integer: {value!r}")
+    return check_tokens(value, key)
 
 
 def load_mooncake(
@@ -155,24 +161,25 @@ def load_mooncake(
                     raise ValueError(f"a row must be a JSON object: {text.strip()[:60]!r}")
                 ts = obj.get("timestamp")
                 if isinstance(ts, bool) or not isinstance(ts, int | float):
-                    raise ValueError(f"'timestamp' must be a number of ms: {ts!r}")
+                    raise FieldError("timestamp", f"must be a number of ms: {ts!r}")
                 if not (math.isfinite(ts) and ts >= 0):
-                    raise ValueError(f"'timestamp' must be finite and >= 0: {ts!r}")
+                    raise FieldError("timestamp", f"must be finite and >= 0: {ts!r}")
                 prompt = _int_field(obj, "input_length")
                 decode = _int_field(obj, "output_length")
                 ids = obj.get("hash_ids")
                 if not isinstance(ids, list) or not all(
                     isinstance(h, int) and not isinstance(h, bool) for h in ids
                 ):
-                    raise ValueError(f"'hash_ids' must be a list of integers: {ids!r}")
+                    raise FieldError("hash_ids", f"must be a list of integers: {str(ids)[:60]}")
                 expected = -(-prompt // trace_block_size)
                 if len(ids) != expected:
-                    raise ValueError(
-                        f"'hash_ids' must have ceil(input_length / {trace_block_size}) = "
-                        f"{expected} entries: {len(ids)}"
+                    raise FieldError(
+                        "hash_ids",
+                        f"must have ceil(input_length / {trace_block_size}) = "
+                        f"{expected} entries: {len(ids)}",
                     )
             except ValueError as exc:  # json.JSONDecodeError is a ValueError
-                log.bad(line_no, str(exc))
+                log.bad(line_no, exc)
                 continue
             prompt, decode = log.clamp(prompt, decode)
             parsed.append((ts / 1000.0, line_no, prompt, decode, ids))

@@ -41,13 +41,22 @@ from attrs import frozen
 
 from kvpolicy.kvmodel import Request
 from kvpolicy.sim.workloads._calibration import AZURE_CONV_QUANTILES
-from kvpolicy.sim.workloads._common import RowLog, check_limit, check_path
+from kvpolicy.sim.workloads._common import (
+    MAX_TOKENS,
+    FieldError,
+    LastLine,
+    RowLog,
+    check_limit,
+    check_path,
+)
 from kvpolicy.sim.workloads._errors import TraceFormatError
 from kvpolicy.sim.workloads._tenants import TenantSpec
 from kvpolicy.sim.workloads._workload import Workload, _positive_rate
 
 __all__ = [
+    "MAX_ARRIVALS",
     "MAX_UNLIMITED_REQUESTS",
+    "MAX_WINDOW_ARRIVALS",
     "ServeGenClient",
     "load_servegen",
     "parse_pmf",
@@ -57,12 +66,24 @@ __all__ = [
 MAX_UNLIMITED_REQUESTS = 2_000_000
 """Most requests :func:`load_servegen` makes without an explicit ``limit`` or ``duration``."""
 
+MAX_WINDOW_ARRIVALS = 10_000_000
+"""Most arrivals one client's window may generate (its rate times its length, after scaling).
+
+Arrivals are drawn a window at a time, so this bounds the memory of one draw (about 100 MB
+of float64 times); ServeGen's busiest published window has about 1.5 million.
+"""
+
+MAX_ARRIVALS = 20_000_000
+"""Most arrivals :func:`load_servegen` generates in all, with or without ``duration``."""
+
+_COLUMNS = ("timestamp_s", "rate", "cv", "pattern", "param1", "param2")
 _CHUNK = re.compile(r"chunk-(\d+)-trace\.csv")
 _PATTERNS = frozenset({"", "Gamma", "Weibull"})
 
 
 @frozen
 class _Window:
+    line: int
     start: float
     end: float
     rate: float
@@ -110,6 +131,8 @@ def parse_pmf(text: str) -> tuple[np.ndarray, np.ndarray]:
     values, probs = nums[0::2], nums[1::2]
     if not (np.isfinite(values).all() and (values >= 0).all() and (values % 1 == 0).all()):
         raise ValueError(f"PMF values must be integers >= 0: {s[:40]!r}")
+    if (values > MAX_TOKENS).any():
+        raise ValueError(f"PMF values must be at most {MAX_TOKENS:,} tokens: {s[:40]!r}")
     if not (np.isfinite(probs).all() and (probs >= 0).all()):
         raise ValueError(f"PMF probabilities must be finite and >= 0: {s[:40]!r}")
     return values.astype(np.int64), probs
@@ -131,38 +154,63 @@ def _client_files(p: pathlib.Path) -> dict[int, pathlib.Path]:
     return {int(m.group(1)): p}
 
 
-def _read_windows(path: pathlib.Path, log: RowLog) -> list[_Window]:
-    raw: list[tuple[float, float, float]] = []
+def _number(fields: list[str], i: int, default: float | None = None) -> float:
+    """Field ``i`` as a finite number >= 0 (``default`` when empty and one is given)."""
+    if default is not None and not fields[i]:
+        return default
+    try:
+        value = float(fields[i])
+    except ValueError:
+        raise FieldError(_COLUMNS[i], f"must be a number: {fields[i]!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise FieldError(_COLUMNS[i], f"must be finite and >= 0: {fields[i]!r}")
+    return value
+
+
+def _read_windows(path: pathlib.Path, log: RowLog, notes: list[str] | None = None) -> list[_Window]:
+    """The rate windows of one client file; ``notes`` gets a note on a damaged file.
+
+    ServeGen writes one row per window, idle windows included, so an empty file is a
+    damaged copy: an error (with ``skip_bad``, a client without traffic and a note).
+    """
+    raw: list[tuple[int, float, float, float]] = []
+    last = LastLine(_COLUMNS[-1])
     with path.open(encoding="utf-8", errors="replace") as f:
         for line_no, text in enumerate(f, start=1):
             if not text.strip():
                 continue
             fields = text.rstrip("\r\n").split(",")
             try:
-                if len(fields) != 6:
+                if len(fields) != len(_COLUMNS):
                     raise ValueError(f"expected 6 fields, got {len(fields)}: {text.strip()!r}")
-                t, rate = float(fields[0]), float(fields[1])
-                cv = float(fields[2]) if fields[2] else 0.0
-                if not (math.isfinite(t) and t >= 0):
-                    raise ValueError(f"timestamp_s must be finite and >= 0: {fields[0]!r}")
-                if not (math.isfinite(rate) and rate >= 0):
-                    raise ValueError(f"rate must be finite and >= 0: {fields[1]!r}")
-                if not (math.isfinite(cv) and cv >= 0):
-                    raise ValueError(f"cv must be finite and >= 0: {fields[2]!r}")
+                last.observe(line_no, fields[-1])
+                t, rate, cv = _number(fields, 0), _number(fields, 1), _number(fields, 2, 0.0)
                 if fields[3] not in _PATTERNS:
-                    raise ValueError(f"pattern must be Gamma, Weibull or empty: {fields[3]!r}")
-                if raw and t <= raw[-1][0]:
-                    raise ValueError(f"timestamp_s must increase: {t!r} after {raw[-1][0]!r}")
+                    raise FieldError(_COLUMNS[3], f"must be Gamma, Weibull or empty: {fields[3]!r}")
+                if raw and t <= raw[-1][1]:
+                    raise FieldError(_COLUMNS[0], f"must increase: {t!r} after {raw[-1][1]!r}")
             except ValueError as exc:
-                log.bad(line_no, str(exc), os.fspath(path))
+                log.bad(line_no, exc, os.fspath(path))
                 continue
-            raw.append((t, rate, cv))
+            raw.append((line_no, t, rate, cv))
+    damaged = list(last.check(path))
+    if not raw and log.skipped == 0:
+        reason = (
+            "no rows: a ServeGen client file has one row per window, idle ones included, "
+            "so an empty file is a damaged copy"
+        )
+        if not log.skip_bad:
+            raise TraceFormatError(os.fspath(path), None, reason)
+        log.skipped += 1
+        damaged.append(f"{os.fspath(path)}: {reason}; read as a client without traffic")
+    if notes is not None:
+        notes.extend(damaged)
     windows = []
-    for i, (t, rate, cv) in enumerate(raw):
+    for i, (line_no, t, rate, cv) in enumerate(raw):
         # The last window lasts as long as the one before it (600 s in ServeGen's data).
-        last_length = t - raw[i - 1][0] if i > 0 else 600.0
-        end = raw[i + 1][0] if i + 1 < len(raw) else t + last_length
-        windows.append(_Window(t, end, rate, cv))
+        last_length = t - raw[i - 1][1] if i > 0 else 600.0
+        end = raw[i + 1][1] if i + 1 < len(raw) else t + last_length
+        windows.append(_Window(line_no, t, end, rate, cv))
     return windows
 
 
@@ -187,6 +235,36 @@ def servegen_client_stats(path: str | os.PathLike[str]) -> tuple[ServeGenClient,
     total = sum(r[1] for r in rows)
     stats = [ServeGenClient(c, e, e / total if total else 0.0, cv, a) for c, e, cv, a in rows]
     return tuple(sorted(stats, key=lambda s: (-s.requests, s.client)))
+
+
+def _check_window_sizes(
+    files: dict[int, pathlib.Path],
+    windows: dict[int, list[_Window]],
+    scale: float,
+    start: float,
+    end: float,
+) -> None:
+    """Refuse, before drawing anything, a window that would need too many arrivals.
+
+    Raises:
+        TraceFormatError: the first window in range with more than
+            :data:`MAX_WINDOW_ARRIVALS` expected arrivals, naming its file, line and rate.
+    """
+    for client, ws in windows.items():
+        for w in ws:
+            if w.end <= start or w.start >= end:
+                continue
+            n = w.rate * scale * (w.end - w.start)
+            if n > MAX_WINDOW_ARRIVALS:
+                scaled = f" (scaled to {w.rate * scale:g})" if scale != 1.0 else ""
+                raise TraceFormatError(
+                    os.fspath(files[client]),
+                    w.line,
+                    f"{w.rate:g} req/s{scaled} over a {w.end - w.start:g} s window means "
+                    f"about {n:,.0f} arrivals; at most {MAX_WINDOW_ARRIVALS:,} per window "
+                    f"(about {MAX_WINDOW_ARRIVALS / (w.end - w.start):,.0f} req/s)",
+                    _COLUMNS[1],
+                )
 
 
 def _gaps(rate: float, cv: float, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -269,9 +347,17 @@ def load_servegen(
         duration: seconds of series to use; ``None`` runs to the end.
 
     Raises:
-        TraceFormatError: a malformed file (naming the file and, for the CSV, the line).
-        ValueError: bad arguments, or more than :data:`MAX_UNLIMITED_REQUESTS` expected
-            requests with neither ``limit`` nor ``duration``.
+        TraceFormatError: a malformed file (naming the file and, for the CSV, the line and
+            column); an empty client file (a damaged copy: with ``skip_bad``, a note and a
+            client without traffic); a window whose rate would need more than
+            :data:`MAX_WINDOW_ARRIVALS` arrivals (checked before drawing); no requests in
+            the selected range.
+        ValueError: bad arguments, more than :data:`MAX_UNLIMITED_REQUESTS` expected
+            requests with neither ``limit`` nor ``duration``, or more than
+            :data:`MAX_ARRIVALS` without ``limit``.
+
+    Warns:
+        TraceWarning: a client file whose last line looks cut short (see ``LastLine``).
     """
     p = check_path(path)
     limit = check_limit(limit)
@@ -291,7 +377,8 @@ def load_servegen(
     end = math.inf if duration is None else float(start) + float(duration)
     log = RowLog(path=os.fspath(p), skip_bad=skip_bad)
     files = _client_files(p)
-    windows = {client: _read_windows(f, log) for client, f in files.items()}
+    damaged: list[str] = []
+    windows = {client: _read_windows(f, log, damaged) for client, f in files.items()}
     span_end = min(end, max((ws[-1].end for ws in windows.values() if ws), default=start))
     if span_end <= start:
         raise ValueError(f"'start' is past the end of the series ({span_end:g} s): {start!r}")
@@ -312,6 +399,12 @@ def load_servegen(
             f"the series would give about {expected:,.0f} requests; pass 'limit' or "
             f"'duration' (at most {MAX_UNLIMITED_REQUESTS:,} without them)"
         )
+    if limit is None and expected > MAX_ARRIVALS:
+        raise ValueError(
+            f"the selected range would give about {expected:,.0f} requests; at most "
+            f"{MAX_ARRIVALS:,}: pass 'limit' or a shorter 'duration'"
+        )
+    _check_window_sizes(files, windows, scale, start, end)
     rng = np.random.default_rng(seed)
     # Draw window by window in time order, so that a limit stops early.
     order = sorted(
@@ -345,6 +438,10 @@ def load_servegen(
     if limit is not None:
         keep = keep[:limit]
     all_t, owner = all_t[keep], owner[keep]
+    if all_t.size == 0:
+        raise TraceFormatError(
+            os.fspath(p), None, f"no requests between {start:g} s and {min(end, span_end):g} s"
+        )
     lengths, notes = _draw_lengths(p, files, all_t, owner, rng, log)
     clamped = int(((lengths[:, 0] < 1) | (lengths[:, 1] < 1)).sum())
     lengths = np.maximum(lengths, 1)
@@ -369,6 +466,7 @@ def load_servegen(
         f"CV), seed {seed}, start {start:g} s"
         + (f", rates scaled by {scale:.6g}" if scale != 1.0 else ""),
     )
+    notes.extend(damaged)
     if log.skipped:
         notes.append(
             f"{log.skipped} malformed rows skipped (a rate row as an idle window, "
