@@ -21,6 +21,7 @@ from kvpolicy.tenancy._classes import (
 from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool
 from kvpolicy.tenancy._errors import ManifestError, TenancyError, UnknownRequestError
 from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
+from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy, RedisLeaseGate
 from kvpolicy.tenancy._manifest import dump_manifest, load_gate, load_manifest
 from kvpolicy.tenancy._math import (
     PriorityCoefficients,
@@ -51,9 +52,12 @@ __all__ = [
     "GateConfig",
     "Holding",
     "InMemoryStateStore",
+    "LeaseRelease",
     "ManifestError",
+    "OutagePolicy",
     "PoolState",
     "PriorityCoefficients",
+    "RedisLeaseGate",
     "RedisStateStore",
     "Resources",
     "ServiceClass",
