@@ -18,8 +18,10 @@ from kvpolicy.tenancy._classes import (
     ServiceClass,
     service_class,
 )
+from kvpolicy.tenancy._crd import crd_documents, custom_resources, manifest_schema
 from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool
 from kvpolicy.tenancy._errors import ManifestError, TenancyError, UnknownRequestError
+from kvpolicy.tenancy._experiments import replay_experiment
 from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
 from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy, RedisLeaseGate
 from kvpolicy.tenancy._manifest import dump_manifest, load_gate, load_manifest
@@ -69,11 +71,15 @@ __all__ = [
     "UnknownRequestError",
     "__version__",
     "burst_intensity",
+    "crd_documents",
+    "custom_resources",
     "dump_manifest",
     "ewma",
     "load_gate",
     "load_manifest",
+    "manifest_schema",
     "priority_weight",
+    "replay_experiment",
     "retry_after",
     "service_class",
     "service_gap",
