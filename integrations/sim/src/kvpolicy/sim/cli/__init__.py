@@ -32,3 +32,4 @@ _sim.group.add_command(_fit.fit_attention_cmd, name="fit-attention")
 
 _demo = importlib.import_module("kvpolicy.sim.cli._demo")
 main.add_command(_demo.demo, name="demo")
+main.add_command(importlib.import_module("kvpolicy.sim.cli._tenancy").group, name="tenancy")
