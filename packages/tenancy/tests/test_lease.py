@@ -196,7 +196,40 @@ def _replica(url: str, index: int, decisions: int, out: Any) -> None:
     out.put((admitted, violations, peak))
 
 
+def _budget_replica(url: str, index: int, decisions: int, out: Any) -> None:
+    """Admit and release at once (charging in full): only the token bucket binds."""
+    gate = _gate(url, pool=_pool(rate=200.0), window_s=1.0)
+    admitted = 0
+    for n in range(decisions):
+        req = _req(f"b{index}-{n}", prompt_len=8)  # 24 tokens charged
+        if gate.check(req).admitted:
+            admitted += 24
+            gate.release(req)
+    out.put(admitted)
+
+
 class TestReplicas:
+    def test_four_replicas_never_exceed_the_token_budget(self, redis_proc: Any) -> None:
+        """Bucket depth 200 tokens (1 s at 200 tokens/s): over the run the replicas together
+        admit at most depth + rate x elapsed tokens, and nearly all of it."""
+        ctx = mp.get_context("fork")
+        out = ctx.Queue()
+        procs = [
+            ctx.Process(target=_budget_replica, args=(redis_proc.url, i, 1_500, out))
+            for i in range(4)
+        ]
+        start = time.monotonic()
+        for p in procs:
+            p.start()
+        tokens = sum(out.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join()
+        elapsed = time.monotonic() - start
+        assert tokens <= 200 + 200 * elapsed
+        assert tokens >= 200  # the first full bucket at least
+        gate = _gate(redis_proc.url)
+        assert gate.usage("g") == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
+
     def test_four_replica_processes_never_exceed_the_limit(self, redis_proc: Any) -> None:
         """4 processes x 10,000 decisions on one entitlement of concurrency 8: an independent
         probe counter, raised after each admission and lowered before its release, never

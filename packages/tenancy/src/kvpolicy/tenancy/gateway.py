@@ -110,6 +110,10 @@ class LocalGate:
             return LeaseRelease(False, 0)
         return LeaseRelease(True, held.prompt_len + decode, clamped)
 
+    def held(self) -> int:
+        """Requests this gate holds now."""
+        return len(self._held)
+
     def renew(self) -> tuple[int, int, int]:
         """Nothing to renew in one process."""
         return (len(self._held), 0, 0)
@@ -385,7 +389,7 @@ def create_app(
         return Response(upstream.content, upstream.status_code, media_type="application/json")
 
     async def healthz(request: HttpRequest) -> Response:
-        return JSONResponse({"status": "ok", "held": len(getattr(admission.gate, "_held", {}))})
+        return JSONResponse({"status": "ok", "held": admission.gate.held()})
 
     async def metrics(request: HttpRequest) -> Response:
         return admission.metrics()
