@@ -245,3 +245,31 @@ class TestMiddleware:
                 _client(url, "nope").completions.create(model="m", prompt="a")
             assert next(m.id for m in client.models.list()) == "m"
         assert gate.usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
+
+
+class TestReplicaGateways:
+    def test_two_gateways_share_one_limit_over_redis(self, upstream: str, redis_proc: Any) -> None:
+        """``a`` may hold 2 in all: one stream through each gateway fills it, a third request
+        to either is denied, and every counter returns to 0."""
+        gates = [
+            RedisLeaseGate.from_url(_pool(), 1, redis_proc.url, namespace="two") for _ in range(2)
+        ]
+        apps = [create_app(Admission(g, KEYS), upstream, renew_interval_s=0.2) for g in gates]
+        with _Server(apps[0]) as url0, _Server(apps[1]) as url1:
+            msgs = [{"role": "user", "content": "hi"}]
+            streams = [
+                _client(u).chat.completions.create(
+                    model="m", messages=msgs, max_tokens=20, stream=True
+                )
+                for u in (url0, url1)
+            ]
+            for u in (url0, url1):
+                with pytest.raises(openai.RateLimitError):
+                    _client(u).chat.completions.create(model="m", messages=msgs)
+            assert gates[0].usage("a")["in_flight"] == 2
+            for s in streams:
+                s.close()
+            deadline = time.monotonic() + 5
+            while gates[0].usage()["in_flight"] and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert gates[1].usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
