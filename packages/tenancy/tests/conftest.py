@@ -120,3 +120,65 @@ def store_factory(request: pytest.FixtureRequest) -> Callable[[], StateStore]:
         return RedisStateStore.from_url(url, namespace=f"test:{run}:{next(counter)}")
 
     return make
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisProcess:
+    """One ``redis-server`` without persistence: a restart loses every key."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise FileNotFoundError("redis-server is not installed")
+        self.binary = binary
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        self.proc = subprocess.Popen(
+            [*cmd, "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture
+def redis_proc() -> Iterator[RedisProcess]:
+    """A fresh ``redis-server`` of this test only, which the test may stop and restart."""
+    pytest.importorskip("redis", reason="redis-py (the 'redis' extra) is not installed")
+    try:
+        server = RedisProcess()
+    except FileNotFoundError:
+        pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -11,127 +11,8 @@ a finished client sends its next request at once.
 from __future__ import annotations
 
 import functools
-import random
-from collections import Counter
-from collections.abc import Callable
 
-import attrs
-
-from kvpolicy.kvmodel import Request
-from kvpolicy.tenancy import Resources, TokenEntitlement, TokenPool, TokenPoolGate
-
-BPT = 147_456  # KV bytes per token of Qwen3-8B (36 layers, 8 KV heads, head dim 128, bf16)
-DT = 0.05  # seconds per step of the replay
-PER_SLOT = 30.0  # tokens/s of one slot: 16 slots serve 480 tokens/s (240 of them output)
-
-
-@attrs.define
-class Client:
-    """One closed-loop client of a tenant, active from ``start`` to ``stop``."""
-
-    tenant: str
-    start: float
-    stop: float
-    lengths: tuple[int, int]
-    next_time: float = 0.0
-    waiting: Request | None = None
-    busy: bool = False
-
-
-@attrs.define
-class Replay:
-    """What the replay saw: decisions and per-step samples."""
-
-    decisions: list[tuple[float, str, str]] = attrs.field(factory=list)
-    samples: list[dict[str, object]] = attrs.field(factory=list)
-
-    def denials(self, tenant: str, reason: str, t0: float = 0.0, t1: float = 1e9) -> int:
-        return sum(
-            1 for t, who, why in self.decisions if who == tenant and why == reason and t0 <= t < t1
-        )
-
-    def throttle_rate(self, tenant: str, t0: float, t1: float) -> float:
-        mine = [why for t, who, why in self.decisions if who == tenant and t0 <= t < t1]
-        return sum(1 for why in mine if why != "ok") / len(mine)
-
-    def series(self, key: str, tenant: str) -> list[tuple[float, float]]:
-        return [(float(s["time"]), s[key][tenant]) for s in self.samples]  # type: ignore[index]
-
-
-def replay(
-    gate: TokenPoolGate,
-    clients: list[Client],
-    capacity_at: Callable[[float], Resources],
-    duration: float,
-    seed: int = 0,
-    events: Callable[[TokenPoolGate, float], None] | None = None,
-) -> Replay:
-    """Run ``clients`` against ``gate`` for ``duration`` seconds; return what happened.
-
-    ``events(gate, now)`` runs at the start of every step (tenants joining and leaving).
-    """
-    rng = random.Random(seed)
-    out = Replay()
-    running: dict[str, tuple[Request, Client, float]] = {}  # id -> request, client, work left
-    capacity = gate.pool_state().capacity
-    tenants = sorted({c.tenant for c in clients})
-    counter = 0
-    step = 0
-    while step * DT < duration:
-        now = step * DT
-        step += 1
-        cap = capacity_at(now)
-        if cap != capacity:
-            gate.set_capacity(cap, now)
-            capacity = cap
-        if events is not None:
-            events(gate, now)
-        # Serve: each request gets its slot's rate, or a fair share when over-committed.
-        if running:
-            rate = min(PER_SLOT, cap.tokens_per_s / len(running))
-            for rid, (req, client, left) in list(running.items()):
-                left -= rate * DT
-                if left <= 0:
-                    del running[rid]
-                    gate.release(req, now)
-                    client.busy = False
-                    client.next_time = now
-                else:
-                    running[rid] = (req, client, left)
-        for client in clients:
-            if client.busy or not client.start <= now < client.stop or now < client.next_time:
-                continue
-            if client.waiting is None:
-                counter += 1
-                lo, hi = client.lengths
-                client.waiting = Request(
-                    f"q{counter}", rng.randint(lo, hi), rng.randint(lo, hi), now, client.tenant
-                )
-            decision = gate.check(client.waiting, now)
-            out.decisions.append((now, client.tenant, decision.reason or "ok"))
-            if decision.admitted:
-                req = client.waiting
-                running[req.request_id] = (req, client, float(req.total_len))
-                client.waiting = None
-                client.busy = True
-            else:
-                client.next_time = now + decision.retry_after
-        flight: Counter[str] = Counter(c.tenant for _, c, _ in running.values())
-        out.samples.append(
-            {
-                "time": now,
-                "in_flight": {t: flight[t] for t in tenants},
-                "debt": {t: gate.usage(t).debt for t in tenants},
-                "priority": {t: gate.priority(t) for t in tenants if gate.entitlement(t)},
-                "pool": len(running),
-            }
-        )
-    return out
-
-
-def _resources(slots: int, tps: float | None = None, kv_tokens: int = 512) -> Resources:
-    """``slots`` slots of ``PER_SLOT`` tokens/s and ``kv_tokens`` tokens of KV each."""
-    return Resources(PER_SLOT * slots if tps is None else tps, kv_tokens * BPT * slots, slots)
+from kvpolicy.tenancy._experiments import Replay, replay_experiment
 
 
 def _mean(values: list[float]) -> float:
@@ -144,28 +25,7 @@ class TestCrossClassProtection:
     @staticmethod
     @functools.cache
     def replay() -> Replay:
-        ents = [
-            TokenEntitlement("guaranteed-a", "guaranteed", _resources(6), max_output_tokens=64),
-            TokenEntitlement("spot-b", "spot", _resources(10), max_output_tokens=64),
-        ]
-        late = TokenEntitlement("guaranteed-c", "guaranteed", _resources(6), max_output_tokens=64)
-        gate = TokenPoolGate(TokenPool("qwen3-8b", _resources(16), ents), BPT)
-
-        def join_and_leave(gate: TokenPoolGate, now: float) -> None:
-            # guaranteed-c's entitlement is bound at 30 s and unbound once its last request
-            # (sent before 60 s) has finished.
-            bound = "guaranteed-c" in {e.tenant for e in gate.entitlements}
-            if not bound and 30.0 <= now < 60.0:
-                gate.bind(late, now)
-            elif bound and now >= 60.0 and gate.usage("guaranteed-c").in_flight == 0:
-                gate.unbind("guaranteed-c", now)
-
-        clients = (
-            [Client("guaranteed-a", 0, 90, (64, 64)) for _ in range(6)]
-            + [Client("spot-b", 0, 90, (64, 64)) for _ in range(10)]
-            + [Client("guaranteed-c", 30, 60, (64, 64)) for _ in range(6)]
-        )
-        return replay(gate, clients, lambda t: _resources(16), 90.0, events=join_and_leave)
+        return replay_experiment("cross-class")[0]
 
     def test_guaranteed_never_denied(self) -> None:
         """Guaranteed requests are never rejected within their concurrency limits."""
@@ -210,31 +70,7 @@ class TestSLOAwareFairShare:
     @staticmethod
     @functools.cache
     def replay() -> Replay:
-        def elastic(tenant: str, slo: float) -> TokenEntitlement:
-            # Baseline of 5 slots and half the pool's normal throughput; burst to 7 slots.
-            return TokenEntitlement(
-                tenant,
-                "elastic",
-                _resources(5, tps=240),
-                _resources(7, tps=480),
-                slo_target_s=slo,
-                max_output_tokens=176,
-            )
-
-        ents = [
-            elastic("elastic-copilot", 0.5),
-            elastic("elastic-synth", 30.0),
-            elastic("elastic-reports", 5.0),
-        ]
-        gate = TokenPoolGate(TokenPool("qwen3-8b", _resources(16), ents), BPT)
-        clients = (
-            [Client("elastic-copilot", 0, 300, (32, 176)) for _ in range(7)]
-            + [Client("elastic-synth", 0, 300, (32, 176)) for _ in range(7)]
-            + [Client("elastic-reports", 210, 300, (32, 176)) for _ in range(7)]
-        )
-        return replay(
-            gate, clients, lambda t: _resources(8 if 30 <= t < 120 else 16), 300.0, seed=4
-        )
+        return replay_experiment("fair-share")[0]
 
     def test_copilot_rarely_denied_on_priority(self) -> None:
         """Synth absorbs the low-priority denials of the outage; copilot almost none.
@@ -281,6 +117,16 @@ class TestSLOAwareFairShare:
         for tenant in ("elastic-copilot", "elastic-synth"):
             after = [abs(v) for t, v in run.series("debt", tenant) if 170 <= t < 210]
             assert max(after) < 0.1
+
+    def test_summary_per_entitlement(self) -> None:
+        """The summary ``kvpolicy tenancy replay`` prints: synth's low-priority denials and
+        peak debt exceed copilot's; every TTFT is positive."""
+        rows = {r["name"]: r for r in replay_experiment("fair-share")[1]}
+        assert set(rows) == {"elastic-copilot", "elastic-synth", "elastic-reports"}
+        synth, copilot = rows["elastic-synth"], rows["elastic-copilot"]
+        assert synth["low_priority_denied"] > copilot["low_priority_denied"]
+        assert synth["peak_debt"] > copilot["peak_debt"]
+        assert all(r["p99_ttft_s"] > 0 and r["admitted"] > 0 for r in rows.values())
 
     def test_newcomer_starts_without_debt(self) -> None:
         """Reports joins at 210 s with zero debt and competes on its SLO term alone."""

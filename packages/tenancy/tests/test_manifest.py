@@ -141,7 +141,23 @@ class TestLoadGate:
             load_gate(doc, 100)
         doc["default"] = {
             "service_class": "guaranteed",
-            "baseline": {"tokens_per_s": 1, "kv_bytes": 1, "concurrency": 1},
+            "baseline": {"tokens_per_s": 10, "kv_bytes": 1, "concurrency": 1},
         }
         with pytest.raises(ManifestError, match="default: 'default_entitlement' must not reserve"):
             load_gate(doc, 100)
+
+    def test_unfundable_and_nan_are_rejected_at_load(self) -> None:
+        """A ``max_output_tokens`` no token bucket can hold, or a NaN ``kv_cache_gib``, is a
+        ManifestError naming the field."""
+        doc = json.loads(json.dumps(MANIFEST))
+        doc["entitlements"][0]["max_output_tokens"] = 10**9
+        with pytest.raises(ManifestError, match=r"entitlements\[0\]\.max_output_tokens"):
+            load_manifest(doc)
+        doc = json.loads(json.dumps(MANIFEST))
+        doc["entitlements"][0]["baseline"] = {
+            "tokens_per_s": 10,
+            "kv_cache_gib": float("nan"),
+            "concurrency": 1,
+        }
+        with pytest.raises(ManifestError, match=r"baseline\.kv_cache_gib must be finite"):
+            load_manifest(doc)

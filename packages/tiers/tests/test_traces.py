@@ -13,13 +13,11 @@ from kvpolicy.tiers import (
     FixedTTL,
     ReplayEvaluator,
     ReuseAnalysis,
-    SearchAxis,
     TieredPrefixStore,
     TierSpec,
-    adaptive_pareto_search,
     allocate_group_ttls,
     get_tier,
-    grid_search,
+    plan_tiers,
     prefix_groups,
     replay,
     uniform_ttl_for_budget,
@@ -98,22 +96,9 @@ class TestMooncakeParetoSearch:
             dram=get_tier("dram"),
             disk=get_tier("disk"),
         )
-        grid = grid_search(
-            evaluate,
-            [SearchAxis.of("dram_gib", 0, 2048, 256), SearchAxis.of("disk_gib", 0, 2400, 300)],
-        )
-        adaptive = adaptive_pareto_search(
-            evaluate,
-            [
-                SearchAxis.of("dram_gib", 0, 1024, 512, min_step=256, limit=2048),
-                SearchAxis.of("disk_gib", 0, 1600, 600, min_step=300, limit=2400),
-            ],
-            expand_threshold=0.02,
-            perf_threshold=0.02,
-            cost_threshold=0.01,
-        )
-        every = [e.objectives.as_minimization() for e in grid.evaluations]
-        every += [e.objectives.as_minimization() for e in adaptive.evaluations]
-        ref = [max(p[0] for p in every) * 1.1, 0.0, max(p[2] for p in every) * 1.1]
+        result = plan_tiers(evaluate, grid=True)
+        adaptive, grid = result.adaptive, result.grid
+        assert grid is not None
+        assert result.hypervolume_ratio is not None
         assert len(adaptive.evaluations) < 0.25 * len(grid.evaluations)
-        assert adaptive.hypervolume(ref) >= 0.98 * grid.hypervolume(ref)
+        assert result.hypervolume_ratio >= 0.98

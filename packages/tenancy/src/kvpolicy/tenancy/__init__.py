@@ -18,9 +18,12 @@ from kvpolicy.tenancy._classes import (
     ServiceClass,
     service_class,
 )
+from kvpolicy.tenancy._crd import crd_documents, custom_resources, manifest_schema
 from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool
 from kvpolicy.tenancy._errors import ManifestError, TenancyError, UnknownRequestError
+from kvpolicy.tenancy._experiments import replay_experiment
 from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
+from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy, RedisLeaseGate
 from kvpolicy.tenancy._manifest import dump_manifest, load_gate, load_manifest
 from kvpolicy.tenancy._math import (
     PriorityCoefficients,
@@ -52,9 +55,12 @@ __all__ = [
     "GateConfig",
     "Holding",
     "InMemoryStateStore",
+    "LeaseRelease",
     "ManifestError",
+    "OutagePolicy",
     "PoolState",
     "PriorityCoefficients",
+    "RedisLeaseGate",
     "RedisStateStore",
     "Resources",
     "ServiceClass",
@@ -66,11 +72,15 @@ __all__ = [
     "UnknownRequestError",
     "__version__",
     "burst_intensity",
+    "crd_documents",
+    "custom_resources",
     "dump_manifest",
     "ewma",
     "load_gate",
     "load_manifest",
+    "manifest_schema",
     "priority_weight",
+    "replay_experiment",
     "retry_after",
     "service_class",
     "service_gap",

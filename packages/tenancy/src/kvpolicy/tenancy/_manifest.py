@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 from collections.abc import Mapping
@@ -57,6 +58,8 @@ def _resources(value: object, where: str) -> Resources:
         gib = m["kv_cache_gib"]
         if isinstance(gib, bool) or not isinstance(gib, int | float):
             raise ManifestError(f"{where}.kv_cache_gib must be a number: {gib!r}")
+        if not (math.isfinite(gib) and gib > 0):
+            raise ManifestError(f"{where}.kv_cache_gib must be finite and > 0: {gib!r}")
         kv: object = round(gib * _GIB)
     else:
         kv = _require(m, "kv_bytes", where)
@@ -124,12 +127,28 @@ def load_manifest(source: Mapping[str, Any] | str | os.PathLike[str]) -> TokenPo
     if not isinstance(raw, list | tuple):
         raise ManifestError(f"entitlements must be a list: {raw!r}")
     ents = [_entitlement(e, f"entitlements[{i}]") for i, e in enumerate(raw)]
-    _default(m)
-    _config(m)
+    default = _default(m)
+    window = _config(m).window_s
+    for i, ent in enumerate([*ents, *([default] if default else [])]):
+        where = "default" if i == len(ents) else f"entitlements[{i}]"
+        _check_fundable(ent, capacity, window, where)
     try:
         return TokenPool(name=_require(pool, "name", "pool"), capacity=capacity, entitlements=ents)
     except (TypeError, ValueError) as err:
         raise ManifestError(f"pool: {err}") from err
+
+
+def _check_fundable(ent: TokenEntitlement, cap: Resources, window_s: float, where: str) -> None:
+    """Reject an entitlement whose smallest request (one prompt token plus
+    ``max_output_tokens``) no token bucket could ever hold: it would be denied forever."""
+    need = 1 + ent.max_output_tokens
+    depth = min(ent.limits.tokens_per_s, cap.tokens_per_s) * window_s
+    if need > depth:
+        raise ManifestError(
+            f"{where}.max_output_tokens: {ent.max_output_tokens} can never be funded: a "
+            f"request needs at least {need} tokens, the token bucket holds {depth:g} "
+            f"(tokens_per_s x window_s {window_s:g})"
+        )
 
 
 def _default(m: Mapping[str, Any]) -> TokenEntitlement | None:

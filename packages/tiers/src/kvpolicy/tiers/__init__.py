@@ -22,6 +22,7 @@ from kvpolicy.tiers._pareto import (
     hypervolume,
     pareto_mask,
 )
+from kvpolicy.tiers._plan import TierPlan, plan_tiers
 from kvpolicy.tiers._replay import ReplayEvaluator, ReplayResult, replay
 from kvpolicy.tiers._reuse import (
     HashTrace,
@@ -40,10 +41,12 @@ from kvpolicy.tiers._roi import (
 )
 from kvpolicy.tiers._spec import GIB, TIER_PRESETS, TierSpec, get_tier, provisioned_bandwidth
 from kvpolicy.tiers._store import StoreStats, TieredPrefixStore, TierStats
+from kvpolicy.tiers._tree import ROOT, export_graphml, prefix_tree, subtree_reuse, tree_groups
 from kvpolicy.tiers._ttl import FixedTTL, GroupTTL, TTLPolicy, group_key
 
 __all__ = [
     "GIB",
+    "ROOT",
     "TIER_PRESETS",
     "Evaluation",
     "FixedTTL",
@@ -59,6 +62,7 @@ __all__ = [
     "SearchAxis",
     "StoreStats",
     "TTLPolicy",
+    "TierPlan",
     "TierSpec",
     "TierStats",
     "TieredPrefixStore",
@@ -68,6 +72,7 @@ __all__ = [
     "adaptive_pareto_search",
     "allocate_group_ttls",
     "analyze_reuse",
+    "export_graphml",
     "get_tier",
     "grid_search",
     "group_cost",
@@ -75,13 +80,17 @@ __all__ = [
     "group_key",
     "hypervolume",
     "pareto_mask",
+    "plan_tiers",
     "prefix_groups",
+    "prefix_tree",
     "provisioned_bandwidth",
     "recompute_seconds_saved",
     "replay",
     "roi_optimal_ttl",
     "serving_cost",
+    "subtree_reuse",
     "tiered_store",
+    "tree_groups",
     "uniform_ttl_for_budget",
     "usage_cost",
 ]

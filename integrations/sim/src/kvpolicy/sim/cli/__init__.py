@@ -35,3 +35,5 @@ _sim.group.add_command(_backend.backend_cmd, name="backend")
 
 _demo = importlib.import_module("kvpolicy.sim.cli._demo")
 main.add_command(_demo.demo, name="demo")
+main.add_command(importlib.import_module("kvpolicy.sim.cli._tenancy").group, name="tenancy")
+main.add_command(importlib.import_module("kvpolicy.sim.cli._tiers").group, name="tiers")
