@@ -223,7 +223,7 @@ def _read(path: pathlib.Path) -> Any:
             import yaml
         except ImportError as err:
             raise ManifestError(
-                "YAML manifests need PyYAML: pip install 'kvpolicy-tenancy[yaml]'"
+                "YAML manifests need PyYAML: pip install --find-links dist 'kvpolicy-tenancy[yaml]'"
             ) from err
         try:
             return yaml.safe_load(text)

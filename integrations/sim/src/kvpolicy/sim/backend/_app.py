@@ -70,7 +70,7 @@ def create_app(engine: LiveEngine, model_name: str) -> Any:
     """The ASGI app serving ``engine`` as model ``model_name``.
 
     Raises:
-        ImportError: Starlette is not installed (``pip install 'kvpolicy-sim[backend]'``).
+        ImportError: Starlette is not installed (``pip install --find-links dist 'kvpolicy-sim[backend]'``).
     """
     from starlette.applications import Starlette
     from starlette.requests import Request

