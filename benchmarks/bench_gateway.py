@@ -273,7 +273,9 @@ def main() -> None:
     binary = shutil.which("redis-server")
     missing = [m for m in ("redis", "starlette", "uvicorn", "httpx") if not _has(m)]
     if missing:  # the bench session must install kvpolicy-tenancy[gateway]
-        figures["skipped"] = f"not installed: {missing} (pip install --find-links dist 'kvpolicy-tenancy[gateway]')"
+        figures["skipped"] = (
+            f"not installed: {missing} (pip install --find-links dist 'kvpolicy-tenancy[gateway]')"
+        )
     elif binary is None:
         figures["redis"] = "redis-server not installed: Redis figures skipped"
     else:

@@ -62,7 +62,8 @@ class RedisStateStore:
             import redis
         except ImportError as err:
             raise ImportError(
-                "RedisStateStore needs redis-py: pip install --find-links dist 'kvpolicy-tenancy[redis]'"
+                "RedisStateStore needs redis-py: "
+                "pip install --find-links dist 'kvpolicy-tenancy[redis]'"
             ) from err
         return cls(redis.Redis.from_url(url), namespace)
 

@@ -70,7 +70,8 @@ def create_app(engine: LiveEngine, model_name: str) -> Any:
     """The ASGI app serving ``engine`` as model ``model_name``.
 
     Raises:
-        ImportError: Starlette is not installed (``pip install --find-links dist 'kvpolicy-sim[backend]'``).
+        ImportError: Starlette is not installed (``pip install --find-links dist
+            'kvpolicy-sim[backend]'`` after ``nox -s build``).
     """
     from starlette.applications import Starlette
     from starlette.requests import Request

@@ -36,7 +36,8 @@ def backend_cmd(model: str, gpu: str, stack: str, host: str, port: int, speed: f
         import uvicorn
     except ImportError as exc:
         raise click.UsageError(
-            "the backend needs Starlette and uvicorn: pip install --find-links dist 'kvpolicy-sim[backend]'"
+            "the backend needs Starlette and uvicorn: "
+            "pip install --find-links dist 'kvpolicy-sim[backend]'"
         ) from exc
     import attrs
 

@@ -53,7 +53,8 @@ def serve(
         from kvpolicy.tenancy.gateway import Admission, LocalGate, create_app, load_api_keys
     except ImportError as err:
         raise click.ClickException(
-            f"the gateway needs its extra: pip install --find-links dist 'kvpolicy-tenancy[gateway]' ({err})"
+            "the gateway needs its extra: "
+            f"pip install --find-links dist 'kvpolicy-tenancy[gateway]' ({err})"
         ) from err
     try:
         keys = load_api_keys(api_keys)

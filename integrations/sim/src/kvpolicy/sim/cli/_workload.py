@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import pathlib
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -131,7 +132,11 @@ class WorkloadSpec:
                 opts["block_size"] = block_size
             if "seed" in takes:
                 opts["seed"] = self.seed
-            w = wl.load_trace(self.trace, fmt, **opts)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", wl.TraceWarning)
+                w = wl.load_trace(self.trace, fmt, **opts)
+            for warning in caught:  # a suspicious row: said once, plainly, on stderr
+                click.echo(f"warning: {warning.message}", err=True)
         except (ValueError, TypeError, FileNotFoundError) as exc:
             raise click.UsageError(flag_message(str(exc))) from exc
         if w.skipped_rows:
