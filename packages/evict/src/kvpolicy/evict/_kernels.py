@@ -1,8 +1,9 @@
 """Use kvpolicy-kernels' fused Triton scoring when it is installed and the logits are on a GPU.
 
 The ``kernels`` extra (``pip install --find-links dist 'kvpolicy-evict[kernels]'``) adds
-it. Without it, or for CPU tensors and numpy arrays, every function here computes what evict always computed (numpy / eager torch), so
-results do not depend on the extra beyond float32 rounding. torch is imported only when a
+it. Without it, or for CPU tensors and numpy arrays, every function here computes what
+evict always computed (numpy / eager torch), so results do not depend on the extra beyond
+float32 rounding. torch is imported only when a
 torch tensor arrives.
 """
 
