@@ -7,8 +7,6 @@ import pathlib
 
 import pytest
 
-from kvpolicy.vllm import ConfigError
-
 
 def test_spearman() -> None:
     """Rank correlation: 1 for the same order, -1 reversed, ties share ranks."""
@@ -32,10 +30,17 @@ def test_workload_file(tmp_path: pathlib.Path) -> None:
     assert len(load_workload("uniform:5:3")) == 5
 
 
-def test_arrivals_refused() -> None:
-    """Requests arriving after step 0 are refused with the reason, before any run."""
-    from kvpolicy.vllm import WorkloadRequest
-    from kvpolicy.vllm._crosscheck import crosscheck
+def test_arrivals_over_time(tmp_path: pathlib.Path) -> None:
+    """uniform:N:SEED:GAP spreads arrivals (Poisson, GAP steps apart on average); a JSON
+    file's arrival_step is kept."""
+    from kvpolicy.vllm._crosscheck import load_workload
 
-    with pytest.raises(ConfigError, match="arrivals over time"):
-        crosscheck([WorkloadRequest("a", [3] * 20, 4, arrival_step=2)], num_blocks=64)
+    spread = load_workload("uniform:200:1:5")
+    steps = [r.arrival_step for r in spread]
+    assert steps == sorted(steps)
+    assert steps[0] == 0
+    assert 600 < steps[-1] < 1400
+    assert [r.arrival_step for r in load_workload("uniform:5:1")] == [0] * 5
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps([{"prompt_len": 40, "max_tokens": 3, "arrival_step": 7}]))
+    assert [r.arrival_step for r in load_workload(str(path))] == [7]
