@@ -382,6 +382,11 @@ class Batch:
         s.pool_tokens = new
 
     @property
+    def block_size(self) -> int:
+        """Tokens per KV block."""
+        return self._bs
+
+    @property
     def free_blocks(self) -> int:
         """Free blocks of the pool."""
         return self._pool.num_free_blocks

@@ -60,27 +60,34 @@ class Step:
         every decoding request's next token fits. Returns whether anyone was preempted, the
         token budget left for new prompts and the blocks the decodes need."""
         batch = self._batch
-        before = len(batch.running)
-        dec = [s for s in batch.running if s.decoding]
-        need = batch.blocks_for(dec, 1)
+        preempted = False
+        budget, need = self._demand(batch.running)
         if need > batch.free_blocks:
+            before = len(batch.running)
             batch.preempt_until(
-                lambda: (
-                    batch.blocks_for([s for s in batch.running if s.decoding], 1)
-                    <= batch.free_blocks
-                ),
+                lambda: batch.blocks_for([s for s in batch.running if s.decoding], 1)
+                <= batch.free_blocks,
                 self.now,
             )
-        preempted = len(batch.running) < before
+            preempted = len(batch.running) < before
+            budget, need = self._demand(batch.running)
+        return preempted, budget, need
+
+    def _demand(self, running: list[Seq]) -> tuple[int, int]:
+        """(token budget left after the running requests' tokens, blocks their decodes need
+        for one more token: one for each whose last block is full)."""
+        bs = self._batch.block_size
         budget = self._token_budget
-        reserve = 0
-        for s in batch.running:
-            if s.decoding:
+        need = 0
+        for s in running:
+            left = s.target - s.computed
+            if left <= 0:
                 budget -= 1
+                if s.pool_tokens % bs == 0:
+                    need += 1
             else:
-                budget -= s.target - s.computed
-        reserve = batch.blocks_for([s for s in batch.running if s.decoding], 1)
-        return preempted, budget, reserve
+                budget -= left
+        return budget, need
 
     def run(self, next_event: float, first_output: Callable[[int, float], None]) -> None:
         """One mixed iteration, or ``k >= 1`` decode-only ones when every running request
