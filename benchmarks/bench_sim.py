@@ -58,6 +58,11 @@ def main() -> None:
             "preemption": full.preemption.name,
         },
     }
+    # Warm up: the first run of a stack imports its packages (entry points resolved once);
+    # that is start-up, not simulation.
+    warm = get_workload("azure-conv-like", seed=1, num_requests=50).requests
+    for name in ("vllm", "kvpolicy"):
+        _time(warm, STACK_PRESETS[name])
     if TRACE.is_file():
         trace = load_trace(TRACE)
         base_s, base_cpu, _ = _time(trace.requests, STACK_PRESETS["vllm"])
