@@ -207,3 +207,23 @@ class TestSweepTables:
             ["2", "0.3", "6", "5", "1/0", "0", "(0)"],
             ["64", "0.3", "6", "5", "1/0", "0", "(0)"],
         ]
+
+
+def test_sweep_reports_progress() -> None:
+    """sweep calls progress(done, total) from 0 to every point."""
+    from kvpolicy.kvmodel import Request
+    from kvpolicy.sim import StackConfig, sweep
+
+    seen: list[tuple[int, int]] = []
+    reqs = [Request(f"r{i}", 64, 8, 0.01 * i) for i in range(10)]
+    grid = {"engine.max_batch": [4, 8, 16]}
+    sweep(
+        reqs,
+        "Llama-3-8B",
+        "H100-SXM",
+        StackConfig(),
+        grid,
+        workers=1,
+        progress=lambda d, t: seen.append((d, t)),
+    )
+    assert seen == [(0, 3), (1, 3), (2, 3), (3, 3)]

@@ -65,8 +65,10 @@ class Step:
         if need > batch.free_blocks:
             before = len(batch.running)
             batch.preempt_until(
-                lambda: batch.blocks_for([s for s in batch.running if s.decoding], 1)
-                <= batch.free_blocks,
+                lambda: (
+                    batch.blocks_for([s for s in batch.running if s.decoding], 1)
+                    <= batch.free_blocks
+                ),
                 self.now,
             )
             preempted = len(batch.running) < before

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -124,6 +124,7 @@ def sweep(
     executor: str = "local",
     workers: int | None = None,
     workload_name: str = "workload",
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[SweepPoint]:
     """Simulate every point of ``grid`` over ``base``; results in grid order.
 
@@ -136,6 +137,7 @@ def sweep(
         executor: ``local`` (processes; inline when ``workers == 1``) or ``ray`` (tasks on
             the cluster ``ray.init`` connects to; a local one when none is running).
         workers: local processes (default: CPU count).
+        progress: called as ``progress(done, total)`` as points finish.
 
     Raises:
         ConfigError: a bad grid key or value, an unknown model, GPU or policy, checked for
@@ -155,6 +157,13 @@ def sweep(
     reqs = tuple(requests)
     for c in configs:  # every point is checked before any runs
         check_config(reqs, get_model(model_name), get_gpu(gpu_name), c)
+    total = len(points)
+
+    def tick(done: int) -> None:
+        if progress is not None:
+            progress(done, total)
+
+    tick(0)
     if executor == "ray":
         import ray
 
@@ -166,17 +175,24 @@ def sweep(
             remote.remote(ref, model_name, gpu_name, c, p, workload_name)  # type: ignore[arg-type, unused-ignore]
             for c, p in zip(configs, points, strict=True)
         ]
-        return list(ray.get(futures))
+        done_ray: list[SweepPoint] = []
+        for k, fut in enumerate(futures):
+            done_ray.append(ray.get(fut))
+            tick(k + 1)
+        return done_ray
     if workers == 1 or len(points) == 1:
-        return [
-            _run_point(reqs, model_name, gpu_name, c, p, workload_name)
-            for c, p in zip(configs, points, strict=True)
-        ]
+        out = []
+        for k, (c, p) in enumerate(zip(configs, points, strict=True)):
+            out.append(_run_point(reqs, model_name, gpu_name, c, p, workload_name))
+            tick(k + 1)
+        return out
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
         futs = [
             pool.submit(_run_point, reqs, model_name, gpu_name, c, p, workload_name)
             for c, p in zip(configs, points, strict=True)
         ]
+        for k, _ in enumerate(concurrent.futures.as_completed(futs)):
+            tick(k + 1)
         return [f.result() for f in futs]
 
 

@@ -276,16 +276,19 @@ def sweep_cmd(
         raise click.UsageError(str(exc)) from exc
     w = spec.load(cfg.engine.block_size)
     try:
-        points = sweep(
-            w.requests,
-            m.name,
-            g.name,
-            cfg,
-            grid,
-            executor=executor,
-            workers=workers,
-            workload_name=w.name,
-        )
+        err = Console(stderr=True)
+        with progress_bar(err, "sweep points", not as_json and err.is_terminal) as update:
+            points = sweep(
+                w.requests,
+                m.name,
+                g.name,
+                cfg,
+                grid,
+                executor=executor,
+                workers=workers,
+                workload_name=w.name,
+                progress=update,
+            )
     except ImportError as exc:
         raise click.UsageError(
             f"{exc}; install the extra: pip install --find-links dist 'kvpolicy-sim[ray]'"

@@ -23,7 +23,8 @@ __all__ = ["group"]
 
 @click.group()
 def group() -> None:
-    """Token pools (seed 004): gateway, experiments, manifests."""
+    """Token pools ("Token Management in Multi-Tenant AI Inference Platforms"): gateway,
+    experiments, manifests."""
 
 
 @group.command("serve")

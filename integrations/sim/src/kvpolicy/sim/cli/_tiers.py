@@ -1,4 +1,4 @@
-"""``kvpolicy tiers``: the adaptive Pareto search and the reuse analysis of seed 003."""
+"""``kvpolicy tiers``: the adaptive Pareto search and the reuse analysis of Kareto."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def _read_trace(path: str, limit: int | None) -> list[tuple[float, list[int]]]:
 
 @click.group()
 def group() -> None:
-    """KV tiers below HBM (seed 003): Pareto sizing and reuse analysis."""
+    """KV tiers below HBM (after Kareto, the tiered KV-cache optimizer): Pareto sizing and
+    reuse analysis."""
 
 
 _TRACE = click.option("--trace", required=True, type=click.Path(exists=True, dir_okay=False))
