@@ -332,3 +332,23 @@ class TestDedicatedBurst:
         assert _decisions(gate, [make_request("g") for _ in range(8)]) == ["ok"] * 8
         ps = gate.pool_state()
         assert (ps.in_flight, ps.protected_in_flight, ps.reserved_used_slots) == (20, 16, 12)
+
+
+class TestReleaseClamp:
+    def test_more_tokens_than_possible_are_clamped(self, caplog: pytest.LogCaptureFixture) -> None:
+        """A release claiming 10^9 output tokens refunds nothing and charges nothing more:
+        the bucket ends where a release of exactly max_output_tokens leaves it; logged."""
+        ent = TokenEntitlement("a", "elastic", Resources(1000, 10**7, 4), max_output_tokens=64)
+
+        def bucket_after(decode_len: int) -> float:
+            gate = TokenPoolGate(_pool(ent, tps=10_000), BPT)
+            req = Request("r", 64, 1, tenant="a")
+            assert gate.check(req, 0.0).admitted
+            gate.release(Request("r", 64, decode_len, tenant="a"), 0.0)
+            return gate.usage("a").bucket
+
+        with caplog.at_level("INFO", logger="kvpolicy.tenancy"):
+            huge = bucket_after(10**9)
+        assert huge == bucket_after(64)
+        assert huge > 0
+        assert "more than the 128 it could produce: clamped" in caplog.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 
 from attrs import field, frozen
@@ -26,6 +27,8 @@ from kvpolicy.tenancy._store import (
 )
 
 __all__ = ["GateConfig", "TokenPoolGate"]
+
+_log = logging.getLogger("kvpolicy.tenancy")
 
 _ADMIT = GateDecision(admitted=True)
 
@@ -404,9 +407,11 @@ class TokenPoolGate:
     def release(self, request: Request, time: float) -> None:
         """Return what the admitted ``request`` held; book its actual tokens.
 
-        The buckets get back the difference between the charge and the actual
-        ``prompt_len + decode_len`` (or pay it, when the request generated more than
-        ``max_output_tokens``), and the interval's served tokens are corrected the same way.
+        The buckets get back the difference between the charge (``prompt_len +
+        max_output_tokens``) and the actual ``prompt_len + decode_len``, and the interval's
+        served tokens are corrected the same way. A request cannot produce more than its
+        ``max_output_tokens``: a ``decode_len`` beyond it is clamped to the charge (logged at
+        INFO on the ``kvpolicy.tenancy`` logger), never charged.
 
         Raises:
             TypeError: ``request`` is not a Request or ``time`` is not a number.
@@ -433,7 +438,16 @@ class TokenPoolGate:
         cfg = self._config
         cap = ps.capacity
         rate = ent.limits.tokens_per_s
-        refund = held.tokens - request.total_len
+        actual = request.total_len
+        if actual > held.tokens:
+            _log.info(
+                "release of %r reports %d tokens, more than the %d it could produce: clamped",
+                request.request_id,
+                actual,
+                held.tokens,
+            )
+            actual = held.tokens
+        refund = held.tokens - actual
         s_time = max(time, s.bucket_time)
         level = min(rate * cfg.window_s, s.bucket + (s_time - s.bucket_time) * rate + refund)
         p_time = max(time, ps.bucket_time)
