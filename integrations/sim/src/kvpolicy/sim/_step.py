@@ -64,16 +64,14 @@ class Step:
         budget, need = self._demand(batch.running)
         if need > batch.free_blocks:
             before = len(batch.running)
-            batch.preempt_until(
-                lambda: (
-                    batch.blocks_for([s for s in batch.running if s.decoding], 1)
-                    <= batch.free_blocks
-                ),
-                self.now,
-            )
+            batch.preempt_until(self._decodes_fit, self.now)
             preempted = len(batch.running) < before
             budget, need = self._demand(batch.running)
         return preempted, budget, need
+
+    def _decodes_fit(self) -> bool:
+        """Whether every decoding request's next token fits in the free blocks."""
+        return self._demand(self._batch.running)[1] <= self._batch.free_blocks
 
     def _demand(self, running: list[Seq]) -> tuple[int, int]:
         """(token budget left after the running requests' tokens, blocks their decodes need
@@ -102,12 +100,7 @@ class Step:
     def mixed(self, first_output: Callable[[int, float], None]) -> None:
         """One iteration with prefill chunks (and any decodes)."""
         batch = self._batch
-        batch.preempt_until(
-            lambda: (
-                batch.blocks_for([s for s in batch.running if s.decoding], 1) <= batch.free_blocks
-            ),
-            self.now,
-        )
+        batch.preempt_until(self._decodes_fit, self.now)
         running = batch.running
         dec = [s for s in running if s.decoding]
         budget = self._token_budget - len(dec)
@@ -148,10 +141,8 @@ class Step:
         batch = self._batch
         run = batch.running
         free = batch.free_blocks
-        if batch.blocks_for(run, 1) > free:
-            batch.preempt_until(
-                lambda: batch.blocks_for(batch.running, 1) <= batch.free_blocks, self.now
-            )
+        if not self._decodes_fit():  # every running request decodes here
+            batch.preempt_until(self._decodes_fit, self.now)
             run = batch.running
             free = batch.free_blocks
             kmax = 1

@@ -103,12 +103,6 @@ class WorkloadSpec:
             )
         return cls(None, trace, {**options, "format": fmt}, 0 if seed is None else seed)
 
-    @property
-    def format(self) -> str | None:
-        """The trace format (given or detected), None for a synthetic workload."""
-        fmt = self.options.get("format")
-        return str(fmt) if fmt is not None else None
-
     def load(self, block_size: int = 16) -> Any:
         """The :class:`~kvpolicy.sim.workloads.Workload`; prefix hashes (of formats that
         carry them) are made at ``block_size``.
