@@ -17,6 +17,7 @@ One step for token ``t`` (all layers)::
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any, Literal
@@ -175,6 +176,7 @@ def _decode(
 
     n = int(ids.shape[0])
     layers = lm.num_layers
+    cache_arg = _cache_argument(lm.model)
     streams = [f"layer{i}" for i in range(layers)]
     # resident[l][j] is the true position of the j-th cached key of layer l.
     resident = [np.empty(0, dtype=np.int64) for _ in range(layers)]
@@ -190,9 +192,9 @@ def _decode(
                 # The mask for one query allows every cached key; cache_position only sizes
                 # it, so the longest layer's length is enough for all layers.
                 cache_position=torch.tensor([kv_len]),
-                past_key_values=cache,
                 use_cache=True,
                 output_attentions=True,
+                **{cache_arg: cache},
             )
             logits = out.logits[0, -1].float()
             nll -= float(torch.log_softmax(logits, dim=-1)[ids[t + 1]])
@@ -247,3 +249,10 @@ def _decode(
         max_resident=max_resident,
         mean_resident=resident_sum / ((n - 1) * layers),
     )
+
+
+def _cache_argument(model: Any) -> str:
+    """The name under which ``model.forward`` takes the KV cache: ``cache`` from transformers
+    5.24 on (``past_key_values`` is deprecated there), ``past_key_values`` before."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
