@@ -189,6 +189,17 @@ class TestFit:
         assert fit.heavy_sigma == pytest.approx(truth.heavy_sigma, abs=0.15)
         assert fit.query_sigma == pytest.approx(truth.query_sigma, abs=0.3)
 
+    def test_progress_reports_every_stage(self) -> None:
+        """progress(done, total) counts the 27 grid starts, the final fit and the draws, in
+        order, and the fit is the same as without it."""
+        truth = AttentionModel(sink_weight=200, recency_weight=30, recency_alpha=0.9)
+        rng = np.random.default_rng(2)
+        a = truth.matrix(truth.token_scores(rng, 300), rng)
+        seen: list[tuple[int, int]] = []
+        fit = fit_attention(a, max_distance=64, progress=lambda d, t: seen.append((d, t)))
+        assert seen == [(i, 29) for i in range(1, 30)]
+        assert fit == fit_attention(a, max_distance=64)
+
     def test_stack_is_fitted_jointly(self) -> None:
         """Two draws stacked give back their sink and recency weights relative to the heavy
         hitters' (at 200 keys) within 8%."""

@@ -634,13 +634,18 @@ class TestPresets:
         total = sum(config.tenant_arrivals(t).rate for t in config.tenants)
         assert total == pytest.approx(5.5301)
 
-    def test_seed002_vidur(self) -> None:
+    def test_congestion_vidur(self) -> None:
         """Seed 002's Table 3 workload: 20k requests, l0 = 512, four decode lengths, 300 req/s."""
-        w = get_workload("seed002-vidur")
+        w = get_workload("congestion-vidur")
         assert w.num_requests == 20_000
         assert {r.prompt_len for r in w.requests} == {512}
         assert {r.decode_len for r in w.requests} == {100, 125, 200, 250}
         assert w.mean_rate == pytest.approx(300.0, rel=0.03)
+
+    def test_former_name_still_works(self) -> None:
+        """The workload's former name, seed002-vidur, gives the same workload."""
+        old = get_workload("seed002-vidur", num_requests=50)
+        assert old.requests == get_workload("congestion-vidur", num_requests=50).requests
 
     def test_config_is_evolvable(self) -> None:
         """A preset's config can be modified and generated."""

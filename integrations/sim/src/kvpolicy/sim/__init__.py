@@ -30,6 +30,7 @@ from kvpolicy.sim._engine import Engine, RunRecord
 from kvpolicy.sim._errors import ConfigError, SimError
 from kvpolicy.sim._metrics import Summary, TenantSummary, summarize
 from kvpolicy.sim._presets import STACK_PRESETS, get_stack
+from kvpolicy.sim._refresh import RefreshConfig, ThroughputRefresh, refresh_factor
 from kvpolicy.sim._report import (
     comparison_table,
     plot_latency_cdf,
@@ -69,6 +70,7 @@ __all__ = [
     "EvictionConfig",
     "GatewayConfig",
     "PreemptionConfig",
+    "RefreshConfig",
     "RunRecord",
     "SLOConfig",
     "SimError",
@@ -78,6 +80,7 @@ __all__ = [
     "Summary",
     "SweepPoint",
     "TenantSummary",
+    "ThroughputRefresh",
     "TiersConfig",
     "TimingConfig",
     "TimingModel",
@@ -100,6 +103,7 @@ __all__ = [
     "plot_memory",
     "plot_tenant_shares",
     "read_timing_csv",
+    "refresh_factor",
     "results_json",
     "run_warnings",
     "server_capacity",

@@ -229,6 +229,7 @@ def fit_attention(
     warmup: int = 64,
     seed: int = 0,
     heavy_decay: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> AttentionModel:
     """Fit :class:`AttentionModel` to a recorded attention matrix.
 
@@ -253,6 +254,8 @@ def fit_attention(
         seed: seed of the draws that step 2 compares against.
         heavy_decay: hold ``gamma`` at this value instead of fitting it (0 gives a
             heavy-hitter weight that does not depend on the context).
+        progress: called as ``progress(done, total)`` after each stage (each start of
+            the grid, the final fit, the heavy-hitter draws).
 
     Raises:
         TypeError: an argument of the wrong type.
@@ -294,7 +297,10 @@ def fit_attention(
     lower = np.array([math.log(1e-6), math.log(1e-6), 0.0, min(gammas)])
     upper = np.array([math.log(1e9), math.log(1e9), 4.0, 2.0 if heavy_decay is None else gammas[0]])
     best: tuple[float, NDArray[np.float64]] | None = None
-    for alpha, gamma in itertools.product(np.linspace(0.1, 2.5, 9), gammas):
+    starts = list(itertools.product(np.linspace(0.1, 2.5, 9), gammas))
+    total = len(starts) + 2
+    done = 0
+    for alpha, gamma in starts:
         theta = _levenberg_marquardt(
             targets.residuals,
             np.array(
@@ -312,13 +318,20 @@ def fit_attention(
         res = targets.residuals(theta)
         if best is None or float(res @ res) < best[0]:
             best = (float(res @ res), theta)
+        done += 1
+        if progress is not None:
+            progress(done, total)
     assert best is not None
     theta = _levenberg_marquardt(targets.residuals, best[1], lower, upper)
+    if progress is not None:
+        progress(done + 1, total)
     s = math.exp(theta[0]) if sinks else 0.0
     r = math.exp(theta[1])
     alpha = float(theta[2])
     gamma = float(theta[3])
     sigma, q_sigma = _heavy_sigmas(a, s, r, alpha, gamma, sinks, warmup, seed)
+    if progress is not None:
+        progress(total, total)
     return AttentionModel(
         sink_tokens=sinks,
         sink_weight=s,

@@ -157,6 +157,11 @@ class GatewayConfig:
     Retry-After)."""
     min_backoff_s: float = field(default=0.05, converter=float, validator=gt(0.0))
     """Wait of a client told to retry after 0 seconds, so that a retry is never instant."""
+    refresh_s: float = field(default=0.0, converter=float, validator=ge(0.0))
+    """Seconds of simulated time between two refreshes of the gateway's throughput estimate
+    from the service observed at the server (:class:`kvpolicy.sim.ThroughputRefresh`);
+    0 keeps the estimate the gateway was built with. Needs a gateway that can be rescaled
+    (kvmodel's ``ThroughputScalable``, as ``token-pool`` is)."""
 
 
 @frozen

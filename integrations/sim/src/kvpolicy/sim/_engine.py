@@ -297,13 +297,15 @@ class Engine:
                     )
                 continue
             step.run(door.next_event(), rec.first_output)
+            waiting = len(batch.waiting) + len(batch.swapped)
             rec.sample(
                 step.now,
                 batch.used_tokens(),
                 residency.resident_now(batch.running),
                 len(batch.running),
-                len(batch.waiting) + len(batch.swapped),
+                waiting,
             )
+            door.server_iteration(step.now, waiting > 0 or len(batch.running) >= cfg.max_batch)
             batch.offload(step.now)
             if progress is not None and rec.done // report_every != last_report:
                 last_report = rec.done // report_every

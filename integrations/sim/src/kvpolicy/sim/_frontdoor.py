@@ -8,9 +8,11 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from kvpolicy.kvmodel import Request, RequestGate
+from kvpolicy.kvmodel import Request, RequestGate, ThroughputScalable
 from kvpolicy.sim._config import GatewayConfig
+from kvpolicy.sim._errors import ConfigError
 from kvpolicy.sim._recorder import Recorder
+from kvpolicy.sim._refresh import RefreshConfig, ThroughputRefresh
 
 __all__ = ["FrontDoor"]
 
@@ -21,14 +23,19 @@ class FrontDoor:
     Without a gateway every request that can run enters the waiting queue when it arrives.
     With one, each arrival (and each retry) is checked: an admitted request enters, a denied
     one (429) comes back after its Retry-After (at least ``min_backoff_s``) until its
-    client has been denied more than ``max_retries`` times and gives up.
+    client has been denied more than ``max_retries`` times and gives up. With
+    ``refresh_s > 0`` the gateway's throughput estimate follows the service the server
+    is observed to give (:class:`~kvpolicy.sim.ThroughputRefresh`).
 
     Args:
         requests: the workload, in arrival order.
         arrivals: (n,) float64 arrival times.
         recorder: where denials, give-ups and rejections are counted.
         gate: the gateway, or None.
-        config: how the gateway's clients retry.
+        config: how the gateway's clients retry, and how often its throughput is refreshed.
+
+    Raises:
+        ConfigError: ``refresh_s > 0`` with a gateway that cannot be rescaled.
     """
 
     def __init__(
@@ -47,6 +54,15 @@ class FrontDoor:
         self._min_backoff = config.min_backoff_s
         self._next = 0
         self._retries: list[tuple[float, int]] = []  # (time, request index)
+        self._refresh: ThroughputRefresh | None = None
+        if gate is not None and config.refresh_s > 0:
+            if not isinstance(gate, ThroughputScalable):
+                raise ConfigError(
+                    f"gateway.refresh_s = {config.refresh_s:g} needs a gateway that can be "
+                    f"rescaled (ThroughputScalable): {type(gate).__name__} cannot; set it to 0"
+                )
+            self._refresh = ThroughputRefresh(gate, RefreshConfig(window_s=config.refresh_s))
+            recorder.gateway_refreshes = self._refresh.refreshes
 
     def next_event(self) -> float:
         """Time of the next arrival or client retry (``inf`` when none is left)."""
@@ -87,6 +103,8 @@ class FrontDoor:
         rec.denials[i] += 1
         reason = decision.reason or "unspecified"
         rec.denial_reasons[reason] = rec.denial_reasons.get(reason, 0) + 1
+        if self._refresh is not None:
+            self._refresh.denied(reason)
         if rec.denials[i] > self._max_retries:
             rec.gave_up[i] = True
             rec.done += 1
@@ -100,3 +118,11 @@ class FrontDoor:
         """An admitted request finished: the gateway gets back what it held."""
         if self._gate is not None:
             self._gate.release(request, now)
+            if self._refresh is not None:
+                self._refresh.completed(request.prompt_len + request.decode_len)
+
+    def server_iteration(self, now: float, busy: bool) -> None:
+        """The server ended an iteration at ``now``, ``busy`` if requests waited or its
+        batch was full."""
+        if self._refresh is not None:
+            self._refresh.iteration(now, busy)

@@ -83,6 +83,9 @@ class RunRecord:
     """Prompt tokens loaded from the tiers below HBM instead of recomputed."""
     tier_load_s: float = 0.0
     """Seconds spent loading them."""
+    gateway_refreshes: tuple[tuple[float, float], ...] = ()
+    """(time, tokens/s) of every change of the gateway's throughput estimate made from the
+    service observed (``gateway.refresh_s``); empty when it never changed."""
 
 
 class Recorder:
@@ -119,6 +122,7 @@ class Recorder:
         self.tier_load = 0.0
         self.done = 0
         """Requests that reached an end: finished, rejected or given up."""
+        self.gateway_refreshes: list[tuple[float, float]] = []
         self._series: list[tuple[float, int, int, int, int]] = []
 
     def admitted(self, idx: int, now: float) -> None:
@@ -186,4 +190,5 @@ class Recorder:
             gave_up=self.gave_up,
             tier_hit_tokens=self.tier_hit,
             tier_load_s=self.tier_load,
+            gateway_refreshes=tuple(self.gateway_refreshes),
         )

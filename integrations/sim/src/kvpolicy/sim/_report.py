@@ -384,8 +384,8 @@ def results_json(
     results: Sequence[SimResult], configs: Sequence[StackConfig] | None = None
 ) -> dict[str, Any]:
     """JSON-ready document: every run's summary, its stack's parts (when ``configs``, the
-    stacks the runs used, are given), its warnings and its workload's notes, and the
-    "what happened" paragraph.
+    stacks the runs used, are given), its warnings, its workload's notes and the changes of
+    its gateway's throughput estimate, and the "what happened" paragraph.
 
     Raises:
         ValueError: ``configs`` does not hold one stack per result.
@@ -404,6 +404,9 @@ def results_json(
         run["notes"] = list(r.notes)
         run["warnings"] = run_warnings(r, c)
         run["summary"] = r.summary.as_dict()
+        run["gateway_refreshes"] = [
+            {"time_s": t, "tokens_per_s": tps} for t, tps in r.record.gateway_refreshes
+        ]
         runs.append(run)
     return {"runs": runs, "what_happened": what_happened(results) if results else ""}
 

@@ -281,6 +281,12 @@ def _door(r: SimResult) -> str:
         door += f"; {_rejected(s)}"
     if s.unfinished:
         door += f"; {s.unfinished:,} were unfinished when the run stopped"
+    refreshes = r.record.gateway_refreshes
+    if refreshes:
+        door += (
+            f"; from the service observed, its gateway's throughput estimate changed "
+            f"{len(refreshes)} times, ending at {refreshes[-1][1]:,.0f} tokens/s"
+        )
     return door + "."
 
 

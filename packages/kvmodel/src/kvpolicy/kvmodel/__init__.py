@@ -33,6 +33,7 @@ from kvpolicy.kvmodel._protocols import (
     PrefixStore,
     PromptObserver,
     RequestGate,
+    ThroughputScalable,
 )
 from kvpolicy.kvmodel._registry import (
     ADMISSION,
@@ -109,6 +110,7 @@ __all__ = [
     "SchedulerState",
     "SequenceView",
     "ServerContext",
+    "ThroughputScalable",
     "TierFetch",
     "UnknownPresetError",
     "UtilisationPoint",

@@ -26,6 +26,7 @@ __all__ = [
     "PrefixStore",
     "PromptObserver",
     "RequestGate",
+    "ThroughputScalable",
 ]
 
 
@@ -133,6 +134,24 @@ class RequestGate(Protocol):
 
     def release(self, request: Request, time: float) -> None:
         """Record that the admitted ``request`` finished (or was abandoned) at ``time``."""
+        ...
+
+
+@runtime_checkable
+class ThroughputScalable(Protocol):
+    """Optional for a :class:`RequestGate` sized from an estimate of the server's throughput.
+
+    A caller that observes the server's real service rate (a simulator, a gateway that
+    measures its backend) scales every token rate the gate holds by ``factor`` at ``time``.
+    """
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The server's tokens per second the gate assumes now."""
+        ...
+
+    def scale_throughput(self, factor: float, time: float) -> None:
+        """Multiply the gate's token rates by ``factor`` (> 0) from ``time`` on."""
         ...
 
 

@@ -6,6 +6,7 @@ import heapq
 import logging
 import math
 
+import attrs
 from attrs import field, frozen
 from attrs.validators import gt, instance_of
 
@@ -222,6 +223,12 @@ class TokenPoolGate:
     def bytes_per_token(self) -> int:
         """KV bytes charged per token."""
         return self._bpt
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The pool's tokens per second now (after any :meth:`set_capacity` or
+        :meth:`scale_throughput`)."""
+        return self.pool_state().capacity.tokens_per_s
 
     def entitlement(self, tenant: str) -> TokenEntitlement | None:
         """The entitlement that governs ``tenant`` (a copy of the default one if need be)."""
@@ -539,6 +546,55 @@ class TokenPoolGate:
             )
         )
 
+    def scale_throughput(self, factor: float, time: float) -> None:
+        """Multiply every token rate by ``factor`` at ``time``: the pool's tokens/s and each
+        entitlement's baseline and burst tokens/s (the default entitlement's too).
+
+        For a pool sized in *shares* of a server whose throughput was an estimate, when the
+        server turns out faster (``factor > 1``) or slower than estimated: every tenant keeps
+        its share. KV bytes and concurrency are unchanged. Each token bucket is refilled up
+        to ``time`` at its old rate, then keeps its level, capped at its new depth.
+        Implements kvmodel's ``ThroughputScalable``.
+
+        Raises:
+            TypeError: ``factor`` is not a number.
+            ValueError: ``factor`` is not finite and > 0, or ``time`` is bad; nothing changes.
+        """
+        if isinstance(factor, bool) or not isinstance(factor, int | float):
+            raise TypeError(f"'factor' must be a number: {factor!r}")
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"'factor' must be a finite number > 0: {factor!r}")
+        time = _check_time(time)
+        if factor == 1.0:
+            return
+
+        def scaled(ent: TokenEntitlement) -> TokenEntitlement:
+            burst = None if ent.burst is None else _scale_rate(ent.burst, factor)
+            return attrs.evolve(ent, baseline=_scale_rate(ent.baseline, factor), burst=burst)
+
+        # Built (and validated) before anything changes.
+        bound = {t: scaled(e) for t, e in self._bound.items()}
+        ents = {t: scaled(e) for t, e in self._ents.items()}
+        default = None if self._default is None else scaled(self._default)
+        cap = _scale_rate(self.pool_state().capacity, factor)
+        window = self._config.window_s
+        store = self._store
+        for tenant in store.tenants():
+            state = store.entitlement(tenant)
+            ent = self._lookup(tenant)
+            if state is None or ent is None:
+                continue
+            rate = ent.limits.tokens_per_s
+            when = max(time, state.bucket_time)
+            level = min(rate * window, state.bucket + (when - state.bucket_time) * rate)
+            level = min(level, rate * factor * window)
+            store.put_entitlement(tenant, attrs.evolve(state, bucket=level, bucket_time=when))
+        self._bound, self._ents, self._default = bound, ents, default
+        self._rebind()
+        # Never below the scaled reservations (a product may round one ulp above).
+        tps = max(cap.tokens_per_s, self._reserved[0])
+        self.set_capacity(attrs.evolve(cap, tokens_per_s=tps), time)
+
     def bind(self, entitlement: TokenEntitlement, time: float) -> None:
         """Bind a new entitlement to the pool at ``time`` (a tenant joins).
 
@@ -765,3 +821,7 @@ class TokenPoolGate:
                 heap.append((weight, tenant))
         heapq.heapify(heap)
         self._heap = heap
+
+
+def _scale_rate(resources: Resources, factor: float) -> Resources:
+    return attrs.evolve(resources, tokens_per_s=resources.tokens_per_s * factor)

@@ -101,13 +101,20 @@ def fit_attention_cmd(
             f"must be > max-distance + {_WARMUP} = {max_distance + _WARMUP}: {tokens}",
             param_hint="'--tokens'",
         )
+    from kvpolicy.sim.cli._sim import progress_bar
+
     recorded, source = _record(text, tokens)
-    with Console(stderr=True).status("fitting"):
+    err = Console(stderr=True)
+    with progress_bar(err, "fitting", err.is_terminal) as update:
         model = fit_attention(
-            recorded, sink_tokens=sink_tokens, max_distance=max_distance, seed=seed
+            recorded,
+            sink_tokens=sink_tokens,
+            max_distance=max_distance,
+            seed=seed,
+            progress=update,
         )
-        rng = np.random.default_rng(seed)
-        drawn = model.matrix(model.token_scores(rng, tokens), rng)
+    rng = np.random.default_rng(seed)
+    drawn = model.matrix(model.token_scores(rng, tokens), rng)
     stats_recorded = attention_summary(recorded, warmup=_WARMUP)
     stats_model = attention_summary(drawn, warmup=_WARMUP)
     if out is not None:

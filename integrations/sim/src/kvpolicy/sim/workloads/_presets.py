@@ -19,7 +19,8 @@ long-context       arXiv-summarisation lengths (prompts about 2.6k tokens, short
                    Poisson arrivals offering Azure's prompt tokens/s
 saturated          one class of requests (1024 prompt, 128 output tokens: the Azure
                    trace's medians rounded) all arriving at time 0, seed 002's setting
-seed002-vidur      seed 002's Vidur experiment (its Table 3): 20,000 requests, Poisson
+congestion-vidur   the Vidur experiment of *Service-Induced Congestion in Memory-Constrained
+                   LLM Serving* (seed 002, its Table 3): 20,000 requests, Poisson
                    arrivals at 300 req/s, prompt 512 tokens, outputs 100, 125, 200 or 250
                    tokens (equally likely: the paper gives no proportions)
 =================  ===========================================================================
@@ -137,9 +138,9 @@ def _saturated() -> SyntheticConfig:
     )
 
 
-def _seed002_vidur() -> SyntheticConfig:
+def _congestion_vidur() -> SyntheticConfig:
     return SyntheticConfig(
-        name="seed002-vidur",
+        name="congestion-vidur",
         num_requests=20_000,
         arrivals=Poisson(rate=300.0),
         lengths=EmpiricalLengths((512, 512, 512, 512), (100, 125, 200, 250)),
@@ -148,16 +149,19 @@ def _seed002_vidur() -> SyntheticConfig:
 
 _PRESETS: dict[str, Callable[[], SyntheticConfig]] = {
     "azure-conv-like": _azure,
+    "congestion-vidur": _congestion_vidur,
     "long-context": _long_context,
     "mooncake-like": _mooncake,
     "multi-tenant": _multi_tenant,
     "saturated": _saturated,
-    "seed002-vidur": _seed002_vidur,
     "sharegpt-like": _sharegpt,
 }
 
 WORKLOAD_NAMES: tuple[str, ...] = tuple(sorted(_PRESETS))
 """The names :func:`get_workload` knows, sorted."""
+
+_RENAMED = {"seed002-vidur": "congestion-vidur"}
+"""Former names, still accepted."""
 
 
 def workload_config(name: str, *, num_requests: int | None = None) -> SyntheticConfig:
@@ -169,7 +173,7 @@ def workload_config(name: str, *, num_requests: int | None = None) -> SyntheticC
     """
     if not isinstance(name, str):
         raise TypeError(f"'name' must be str: {name!r}")
-    factory = _PRESETS.get(name)
+    factory = _PRESETS.get(_RENAMED.get(name, name))
     if factory is None:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOAD_NAMES)}")
     config = factory()
@@ -189,7 +193,7 @@ def get_workload(name: str, *, seed: int = 0, num_requests: int | None = None) -
         name: one of :data:`WORKLOAD_NAMES`; ``"multi-tenant"`` is the embedded default.
         seed: random seed (>= 0); the same name, seed and size give the same workload.
         num_requests: requests to draw (>= 1); ``None`` keeps the preset's (2,000; 20,000
-            for ``seed002-vidur``).
+            for ``congestion-vidur``).
 
     Raises:
         ValueError: unknown ``name`` (the message lists the known names), bad ``seed`` or
