@@ -151,15 +151,31 @@ def _plot(result: ModelResult, path: pathlib.Path) -> None:
 
 @group.command("simulate")
 @_with_workload
-@click.option("--steps", type=click.IntRange(min=1), default=4000, show_default=True)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=4000,
+    show_default=True,
+    help="Iterations of the model to simulate.",
+)
 @click.option("--arrivals", default="saturated", show_default=True, help="saturated | poisson:RATE")
 @click.option(
-    "--policy", type=click.Choice(["greedy", "rate-limited"]), default="greedy", show_default=True
+    "--policy",
+    type=click.Choice(["greedy", "rate-limited"]),
+    default="greedy",
+    show_default=True,
+    help="Admission: greedy (admit while memory lasts) or rate-limited (at most x* a step).",
 )
 @click.option(
-    "--mode", type=click.Choice(["integer", "fluid"]), default="integer", show_default=True
+    "--mode",
+    type=click.Choice(["integer", "fluid"]),
+    default="integer",
+    show_default=True,
+    help="integer: whole requests, drawn at random; fluid: expected fractional counts.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Random seed of the integer model."
+)
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=pathlib.Path),

@@ -10,20 +10,40 @@ __all__ = ["backend_cmd"]
 
 
 @click.command("backend")
-@click.option("--model", type=click.Choice(list(MODEL_PRESETS)), default="Llama-3-8B")
-@click.option("--gpu", type=click.Choice(list(GPU_PRESETS)), default="H100-SXM")
+@click.option(
+    "--model",
+    type=click.Choice(list(MODEL_PRESETS)),
+    default="Llama-3-8B",
+    show_default=True,
+    help="Model the simulated server serves.",
+)
+@click.option(
+    "--gpu",
+    type=click.Choice(list(GPU_PRESETS)),
+    default="H100-SXM",
+    show_default=True,
+    help="GPU the simulated server runs on.",
+)
 @click.option(
     "--stack",
     default="vllm",
+    show_default=True,
     help="The server's policies: a preset or a YAML stack file (its gateway is not used: "
     "put `kvpolicy tenancy serve` in front instead).",
 )
-@click.option("--host", default="127.0.0.1", help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, help="Port to listen on.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="Port to listen on.",
+)
 @click.option(
     "--speed",
     type=click.FloatRange(min=0, min_open=True),
     default=1.0,
+    show_default=True,
     help="Simulated seconds per wall-clock second.",
 )
 def backend_cmd(model: str, gpu: str, stack: str, host: str, port: int, speed: float) -> None:

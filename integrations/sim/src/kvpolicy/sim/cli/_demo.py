@@ -19,8 +19,20 @@ __all__ = ["demo"]
 @click.command()
 @click.option("--model", default="Llama-3-8B", show_default=True, help=", ".join(MODEL_PRESETS))
 @click.option("--gpu", default="L40S", show_default=True, help=", ".join(GPU_PRESETS))
-@click.option("--num-requests", type=int, default=2000, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--num-requests",
+    type=click.IntRange(min=1),
+    default=2000,
+    show_default=True,
+    help="Requests of the multi-tenant workload.",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of the workload (same seed, same requests).",
+)
 @click.option(
     "--report",
     type=click.Path(path_type=pathlib.Path, file_okay=False),

@@ -76,7 +76,13 @@ def _record(text: pathlib.Path | None, tokens: int) -> tuple[Any, str]:
     default=None,
     help="Write the fitted parameters here as JSON.",
 )
-@click.option("--sink-tokens", type=click.IntRange(min=0, max=_WARMUP - 1), default=1)
+@click.option(
+    "--sink-tokens",
+    type=click.IntRange(min=0, max=_WARMUP - 1),
+    default=1,
+    show_default=True,
+    help="Leading tokens the model treats as attention sinks.",
+)
 @click.option(
     "--max-distance",
     type=click.IntRange(min=8),
@@ -84,7 +90,13 @@ def _record(text: pathlib.Path | None, tokens: int) -> tuple[Any, str]:
     show_default=True,
     help="Largest query-key distance of the recency fit (< tokens - 64).",
 )
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of the draws the fit compares against.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def fit_attention_cmd(
     text: pathlib.Path | None,

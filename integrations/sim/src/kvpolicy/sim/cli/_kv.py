@@ -32,8 +32,14 @@ def group() -> None:
 @click.option("--gpu", "gpu_name", required=True, help=f"One of: {', '.join(GPU_PRESETS)}")
 @click.option("--context", type=int, default=None, help="Sequence length S (default: max).")
 @click.option("--kv-dtype", default=None, help=f"KV dtype: {', '.join(KV_DTYPE_BYTES)}.")
-@click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
-@click.option("--block-size", type=int, default=16, show_default=True)
+@click.option(
+    "--gpu-memory-utilization",
+    type=float,
+    default=0.9,
+    show_default=True,
+    help="Share of the GPU's memory the server may use (weights, activations and KV).",
+)
+@click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per KV block.")
 @click.option(
     "--tp",
     type=int,

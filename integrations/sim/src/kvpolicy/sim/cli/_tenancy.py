@@ -32,9 +32,22 @@ def group() -> None:
 @click.option("--backend", required=True, help="Base URL of the OpenAI-compatible backend.")
 @click.option("--api-keys", type=click.Path(exists=True, dir_okay=False), required=True)
 @click.option("--redis", "redis_url", default=None, help="redis://host:port/db (replicas).")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, type=int, show_default=True)
-@click.option("--bytes-per-token", default=1, type=int, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port",
+    default=8000,
+    type=click.IntRange(0, 65535),
+    show_default=True,
+    help="Port to listen on.",
+)
+@click.option(
+    "--bytes-per-token",
+    default=1,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="KV bytes charged per token against kv_cache_gib (the served model's; see "
+    "`kvpolicy kv plan`). 1 counts the pool's KV limits in tokens.",
+)
 @click.option("--model", "models", multiple=True, help="Models served (default: any).")
 def serve(
     config: str,
@@ -72,7 +85,13 @@ def serve(
 @group.command("replay")
 @click.option("--scenario", type=click.Choice(["cross-class", "fair-share"]), required=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None)
+@click.option(
+    "--plot",
+    "plot_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory to save the replay's plots in (PNG).",
+)
 def replay(scenario: str, as_json: bool, plot_dir: str | None) -> None:
     """Replay one of the paper's two experiments; a summary per entitlement."""
     run, rows = replay_experiment(scenario)

@@ -61,9 +61,23 @@ _TRACE = click.option("--trace", required=True, type=click.Path(exists=True, dir
 @_TRACE
 @click.option("--grid", is_flag=True, help="Also run the full grid; report hypervolume_ratio.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--max-requests", default=600, show_default=True, type=int)
-@click.option("--model", default="Llama-3-8B", show_default=True)
-@click.option("--block-tokens", default=512, show_default=True, type=int)
+@click.option(
+    "--max-requests",
+    default=600,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Requests of the trace replayed per evaluation (from its start).",
+)
+@click.option(
+    "--model", default="Llama-3-8B", show_default=True, help="Model whose KV bytes a block holds."
+)
+@click.option(
+    "--block-tokens",
+    default=512,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Tokens per hashed block of the trace (Mooncake's traces: 512).",
+)
 def plan(
     trace: str, grid: bool, as_json: bool, max_requests: int, model: str, block_tokens: int
 ) -> None:
@@ -117,11 +131,28 @@ def plan(
 
 @group.command("reuse")
 @_TRACE
-@click.option("--top-k", default=8, show_default=True, type=int)
+@click.option(
+    "--top-k",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Most reused prefix subtrees to list.",
+)
 @click.option("--depth", default=2, show_default=True, type=int, help="Subtree depth.")
 @click.option("--budget", default=5e7, show_default=True, type=float, help="Block-seconds.")
-@click.option("--export", "export", type=click.Path(dir_okay=False), default=None)
-@click.option("--max-requests", default=None, type=int)
+@click.option(
+    "--export",
+    "export",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the prefix tree as GraphML (networkx) to this file.",
+)
+@click.option(
+    "--max-requests",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Read at most this many requests of the trace (default: all).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def reuse(
     trace: str,

@@ -148,7 +148,9 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "--workload",
             type=click.Choice(WORKLOAD_NAMES),
             default=None,
-            help="A synthetic workload (the project's generator, calibrated on public traces).",
+            metavar="NAME",
+            help="A synthetic workload (the project's generator, calibrated on public traces): "
+            f"{', '.join(WORKLOAD_NAMES)}.",
         ),
         click.option(
             "--trace",
