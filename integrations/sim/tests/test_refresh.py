@@ -12,6 +12,7 @@ from kvpolicy.sim import (
     RefreshConfig,
     SimResult,
     Stack,
+    ThroughputRefresh,
     TimingModel,
     get_stack,
     refresh_factor,
@@ -41,6 +42,21 @@ class TestRefreshFactor:
         """Token 429s while the server had room: the estimate rises by ``probe``."""
         assert refresh_factor(CFG, 1000.0, 3000.0, 10.0, 0.2, 5, 40) == 1.5
 
+    def test_a_busy_server_is_not_probed(self) -> None:
+        """Token 429s while the server was busy half the time: the estimate stays."""
+        assert refresh_factor(CFG, 1000.0, 3000.0, 10.0, 0.5, 5, 40) == 1.0
+
+    def test_late_takes_back_a_probe(self) -> None:
+        """Requests finishing late after a probe: the estimate falls back, not below the
+        floor (where it started)."""
+        late = refresh_factor(CFG, 1500.0, 9000.0, 10.0, 0.5, 0, 40, on_time=30, floor=1000.0)
+        assert late == pytest.approx(1 / 1.5)
+        assert refresh_factor(CFG, 1000.0, 9000.0, 10.0, 0.5, 0, 40, 30, 1000.0) == 1.0
+
+    def test_late_never_probes(self) -> None:
+        """Token 429s with room, but late requests: no probe."""
+        assert refresh_factor(CFG, 1000.0, 3000.0, 10.0, 0.2, 5, 40, 30, 1000.0) == 1.0
+
     def test_neither_keeps_the_estimate(self) -> None:
         """No queue and no token 429s: the estimate limited nobody."""
         assert refresh_factor(CFG, 1000.0, 3000.0, 10.0, 0.2, 0, 40) == 1.0
@@ -54,6 +70,7 @@ class TestRefreshFactor:
         [
             ("window_s", -1.0),
             ("saturated_share", 0.0),
+            ("room_share", 1.5),
             ("probe", 1.0),
             ("max_step", 0.5),
             ("deadband", 0.9),
@@ -111,7 +128,7 @@ class TestInTheEngine:
         assert stale.record.gateway_refreshes == ()
         rates = [tps for _, tps in fresh.record.gateway_refreshes]
         assert rates
-        assert rates == sorted(rates)
+        assert rates[0] > 0.3 * _estimate(reqs)
         assert fresh.summary.gave_up * 3 < stale.summary.gave_up
         assert fresh.summary.goodput_rps > stale.summary.goodput_rps
 
@@ -147,3 +164,52 @@ class TestInTheEngine:
         model, gpu = get_model("Llama-3-8B"), get_gpu("L40S")
         with pytest.raises(ConfigError, match=r"gateway\.refresh_s = 15"):
             simulate(reqs, model, gpu, base, stack=Stack(gate=_OpenDoor()))
+
+
+class _Gate:
+    """A real rescalable gate reduced to its rate: admits everything."""
+
+    def __init__(self, tokens_per_s: float) -> None:
+        self.tokens_per_s = tokens_per_s
+
+    def check(self, request: Request, time: float) -> GateDecision:
+        return GateDecision(admitted=True)
+
+    def release(self, request: Request, time: float) -> None:
+        return None
+
+    def scale_throughput(self, factor: float, time: float) -> None:
+        self.tokens_per_s *= factor
+
+
+class TestBackoff:
+    def _window(
+        self, refresh: ThroughputRefresh, start: float, *, late: bool, denials: int
+    ) -> None:
+        """One 10 s window with room (never busy): 40 completions, ``denials`` token 429s."""
+        for _ in range(denials):
+            refresh.denied("tokens")
+        for _ in range(40):
+            refresh.completed(100, 5.0 if late else 0.5, 0.05)
+        refresh.iteration(start, start + 10.0, False)
+
+    def test_a_reverted_probe_doubles_the_wait(self) -> None:
+        """Probe, taken back by a late window; the next probe needs 2 eligible windows in a
+        row, and after another revert 4."""
+        gate = _Gate(1000.0)
+        refresh = ThroughputRefresh(gate, CFG)
+        self._window(refresh, 0.0, late=False, denials=5)
+        assert gate.tokens_per_s == pytest.approx(1500.0)
+        self._window(refresh, 10.0, late=True, denials=0)
+        assert gate.tokens_per_s == pytest.approx(1000.0)
+        self._window(refresh, 20.0, late=False, denials=5)
+        assert gate.tokens_per_s == pytest.approx(1000.0)
+        self._window(refresh, 30.0, late=False, denials=5)
+        assert gate.tokens_per_s == pytest.approx(1500.0)
+        self._window(refresh, 40.0, late=True, denials=0)
+        for i in range(3):
+            self._window(refresh, 50.0 + 10 * i, late=False, denials=5)
+            assert gate.tokens_per_s == pytest.approx(1000.0)
+        self._window(refresh, 80.0, late=False, denials=5)
+        assert gate.tokens_per_s == pytest.approx(1500.0)
+        assert [round(t) for t, _ in refresh.refreshes] == [10, 20, 40, 50, 90]

@@ -33,10 +33,17 @@ from numpy.typing import NDArray
 from kvpolicy.kvmodel import BlockPool, Request, rechunk_hashes
 from kvpolicy.sim._attention import AttentionModel
 from kvpolicy.sim._batch import Batch
-from kvpolicy.sim._config import EngineConfig, EvictionConfig, GatewayConfig, PreemptionConfig
+from kvpolicy.sim._config import (
+    EngineConfig,
+    EvictionConfig,
+    GatewayConfig,
+    PreemptionConfig,
+    SLOConfig,
+)
 from kvpolicy.sim._errors import ConfigError, SimError
 from kvpolicy.sim._frontdoor import FrontDoor
 from kvpolicy.sim._recorder import Recorder, RunRecord
+from kvpolicy.sim._refresh import RefreshConfig
 from kvpolicy.sim._residency import Evicting, KeepAll, Residency
 from kvpolicy.sim._seq import Seq
 from kvpolicy.sim._stack import Stack
@@ -95,7 +102,10 @@ class Engine:
             default is the engine's own mechanics only.
         eviction_config: budget and cadence of eviction.
         preemption_config: recomputation or swap, and the CPU tier.
-        gateway_config: how the gateway's clients retry.
+        gateway_config: how the gateway's clients retry, and how often its throughput
+            estimate is refreshed.
+        slo_config: the latency targets; a refresh raises the gateway's estimate only
+            while the requests finishing meet them.
         attention: synthetic attention-return model fed to the eviction policy.
         seed: seed of the heavy-hitter scores.
 
@@ -113,6 +123,7 @@ class Engine:
         eviction_config: EvictionConfig | None = None,
         preemption_config: PreemptionConfig | None = None,
         gateway_config: GatewayConfig | None = None,
+        slo_config: SLOConfig | None = None,
         attention: AttentionModel | None = None,
         seed: int = 0,
     ) -> None:
@@ -129,6 +140,12 @@ class Engine:
         self._ev_cfg = eviction_config or EvictionConfig()
         self._pre_cfg = preemption_config or PreemptionConfig()
         self._gw_cfg = gateway_config or GatewayConfig()
+        self._refresh: RefreshConfig | None = None
+        if self._gw_cfg.refresh_s > 0:
+            slo = slo_config or SLOConfig()
+            self._refresh = RefreshConfig(
+                window_s=self._gw_cfg.refresh_s, ttft_s=slo.ttft_s, tpot_s=slo.tpot_s
+            )
         self._attention = attention or AttentionModel()
         self._seed = seed
         self._capacity = pool_capacity_tokens(timing, engine)
@@ -260,12 +277,12 @@ class Engine:
             self._pre_cfg,
             stack.prefix_store,
         )
-        door = FrontDoor(reqs, arrivals, rec, stack.gate, self._gw_cfg)
+        door = FrontDoor(reqs, arrivals, rec, stack.gate, self._gw_cfg, self._refresh)
         observer = batch.observer
 
         def on_finish(s: Seq, now: float, iteration: int) -> None:
             rec.finished(s.idx, now, iteration)
-            door.release(s.req, now)
+            door.release(s.idx, now)
             if observer is not None:
                 observer.observe_completion(s.req, now)
 
@@ -296,6 +313,7 @@ class Engine:
                         "the admission policy admitted none into an empty batch"
                     )
                 continue
+            started = step.now
             step.run(door.next_event(), rec.first_output)
             waiting = len(batch.waiting) + len(batch.swapped)
             rec.sample(
@@ -305,7 +323,14 @@ class Engine:
                 len(batch.running),
                 waiting,
             )
-            door.server_iteration(step.now, waiting > 0 or len(batch.running) >= cfg.max_batch)
+            # Busy: requests wait, the batch is full, or the iteration used its whole token
+            # budget (compute-bound prefill).
+            busy = (
+                waiting > 0
+                or len(batch.running) >= cfg.max_batch
+                or step.last_tokens >= cfg.token_budget
+            )
+            door.server_iteration(started, step.now, busy)
             batch.offload(step.now)
             if progress is not None and rec.done // report_every != last_report:
                 last_report = rec.done // report_every

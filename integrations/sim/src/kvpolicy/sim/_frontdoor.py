@@ -23,19 +23,20 @@ class FrontDoor:
     Without a gateway every request that can run enters the waiting queue when it arrives.
     With one, each arrival (and each retry) is checked: an admitted request enters, a denied
     one (429) comes back after its Retry-After (at least ``min_backoff_s``) until its
-    client has been denied more than ``max_retries`` times and gives up. With
-    ``refresh_s > 0`` the gateway's throughput estimate follows the service the server
-    is observed to give (:class:`~kvpolicy.sim.ThroughputRefresh`).
+    client has been denied more than ``max_retries`` times and gives up. With ``refresh``
+    the gateway's throughput estimate follows the service the server is observed to give
+    (:class:`~kvpolicy.sim.ThroughputRefresh`).
 
     Args:
         requests: the workload, in arrival order.
         arrivals: (n,) float64 arrival times.
         recorder: where denials, give-ups and rejections are counted.
         gate: the gateway, or None.
-        config: how the gateway's clients retry, and how often its throughput is refreshed.
+        config: how the gateway's clients retry.
+        refresh: how the gateway's throughput estimate follows the server (None: never).
 
     Raises:
-        ConfigError: ``refresh_s > 0`` with a gateway that cannot be rescaled.
+        ConfigError: ``refresh`` with a gateway that cannot be rescaled.
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class FrontDoor:
         recorder: Recorder,
         gate: RequestGate | None,
         config: GatewayConfig,
+        refresh: RefreshConfig | None = None,
     ) -> None:
         self._reqs = requests
         self._arrivals = arrivals
@@ -55,13 +57,13 @@ class FrontDoor:
         self._next = 0
         self._retries: list[tuple[float, int]] = []  # (time, request index)
         self._refresh: ThroughputRefresh | None = None
-        if gate is not None and config.refresh_s > 0:
+        if gate is not None and refresh is not None and refresh.window_s > 0:
             if not isinstance(gate, ThroughputScalable):
                 raise ConfigError(
-                    f"gateway.refresh_s = {config.refresh_s:g} needs a gateway that can be "
+                    f"gateway.refresh_s = {refresh.window_s:g} needs a gateway that can be "
                     f"rescaled (ThroughputScalable): {type(gate).__name__} cannot; set it to 0"
                 )
-            self._refresh = ThroughputRefresh(gate, RefreshConfig(window_s=config.refresh_s))
+            self._refresh = ThroughputRefresh(gate, refresh)
             recorder.gateway_refreshes = self._refresh.refreshes
 
     def next_event(self) -> float:
@@ -114,15 +116,21 @@ class FrontDoor:
         heapq.heappush(self._retries, (now + wait, i))
         return False
 
-    def release(self, request: Request, now: float) -> None:
-        """An admitted request finished: the gateway gets back what it held."""
+    def release(self, i: int, now: float) -> None:
+        """Admitted request ``i`` finished at ``now``: the gateway gets back what it held."""
         if self._gate is not None:
+            request = self._reqs[i]
             self._gate.release(request, now)
             if self._refresh is not None:
-                self._refresh.completed(request.prompt_len + request.decode_len)
+                first = float(self._rec.first_token[i])
+                tpot = (now - first) / (request.decode_len - 1) if request.decode_len > 1 else 0.0
+                self._refresh.completed(
+                    request.prompt_len + request.decode_len, first - request.arrival_time, tpot
+                )
 
-    def server_iteration(self, now: float, busy: bool) -> None:
-        """The server ended an iteration at ``now``, ``busy`` if requests waited or its
-        batch was full."""
+    def server_iteration(self, started: float, now: float, busy: bool) -> None:
+        """The server ran an iteration (or a run of decode iterations) from ``started`` to
+        ``now``; ``busy`` if requests waited, its batch was full or it used its whole token
+        budget."""
         if self._refresh is not None:
-            self._refresh.iteration(now, busy)
+            self._refresh.iteration(started, now, busy)

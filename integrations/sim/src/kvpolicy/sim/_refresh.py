@@ -8,12 +8,21 @@ work the server could take (429s, clients who give up) or lets a queue build at 
 Every ``window_s`` seconds of simulated time :class:`ThroughputRefresh` compares what the
 server served with the estimate and rescales the gate (kvmodel's ``ThroughputScalable``):
 
-* **saturated** (the server was busy — requests waited, or its batch was full — in at
-  least ``saturated_share`` of the window's iterations): the server ran flat out, so what
-  it served *is* its throughput: the estimate moves to the observed rate (down or up).
-* **throttled** (not saturated, yet the gateway denied requests for lack of tokens): the
-  buckets, not the server, were the bottleneck: the estimate rises by ``probe``.
-* otherwise the estimate was not what limited anyone, and stays.
+* **saturated** (the server was busy — requests waited, its batch was full, or an
+  iteration used its whole token budget — for at least ``saturated_share`` of the window's
+  time): the server ran flat out, so what it served *is* its throughput: the estimate
+  moves to the observed rate (down or up).
+* **throttled** (the server had room — busy for less than ``room_share`` of the window,
+  and at least ``on_time_share`` of the requests that finished met the latency targets:
+  first token within ``ttft_s`` of arriving, ``tpot_s`` per output token after it — yet
+  the gateway denied requests for lack of tokens): the buckets, not the server, were the
+  bottleneck: the estimate rises by ``probe``.
+* **late** (fewer than ``on_time_share`` of the finished requests met the targets, and an
+  earlier probe raised the estimate above where it started): the probe cost latency, not
+  bought throughput: the estimate falls by ``probe``, never below where it started.
+* otherwise the estimate stays: it limited nobody, or the server was busy enough (a
+  prefill-heavy mix keeps it compute-bound for long stretches) that admitting more would
+  cost latency rather than add throughput.
 
 A step is clamped to ``[1 / max_step, max_step]`` and ignored within ``deadband``; a window
 with fewer than ``min_completions`` completions says too little and changes nothing.
@@ -38,8 +47,16 @@ class RefreshConfig:
     window_s: float = field(default=0.0, converter=float, validator=ge(0.0))
     """Seconds of simulated time between two refreshes; 0 never refreshes."""
     saturated_share: float = field(default=0.9, converter=float, validator=[gt(0.0), le(1.0)])
-    """Share of a window's busy iterations (requests waiting or the batch full) that makes
-    it saturated."""
+    """Share of a window's time the server must be busy (requests waiting, the batch full,
+    or the token budget used up) for the window to count as saturated."""
+    room_share: float = field(default=0.3, converter=float, validator=[ge(0.0), le(1.0)])
+    """Busy share below which the server had room (a throttled window may probe up)."""
+    ttft_s: float = field(default=2.0, converter=float, validator=gt(0.0))
+    """Time-to-first-token target (the stack's SLO) of finished requests."""
+    tpot_s: float = field(default=0.1, converter=float, validator=gt(0.0))
+    """Time-per-output-token target (the stack's SLO) of finished requests."""
+    on_time_share: float = field(default=0.95, converter=float, validator=[ge(0.0), le(1.0)])
+    """Share of a window's completions that must meet both targets for it to probe up."""
     probe: float = field(default=1.5, converter=float, validator=gt(1.0))
     """Factor by which a throttled window raises the estimate."""
     max_step: float = field(default=2.0, converter=float, validator=gt(1.0))
@@ -58,6 +75,8 @@ def refresh_factor(
     busy_share: float,
     token_denials: int,
     completions: int,
+    on_time: int | None = None,
+    floor: float = 0.0,
 ) -> float:
     """The factor to apply to the gateway's throughput estimate after one window.
 
@@ -66,30 +85,66 @@ def refresh_factor(
         estimate: tokens/s the gateway assumes now (> 0).
         served_tokens: prompt plus output tokens of the requests that finished in the window.
         window_s: the window's length in seconds (> 0).
-        busy_share: share of the window's iterations in which the server was busy.
+        busy_share: share of the window's time in which the server was busy.
         token_denials: 429s of the window answered by a token bucket.
         completions: requests that finished in the window.
+        on_time: those of them that met the latency targets (None: all).
+        floor: tokens/s a late window never takes the estimate below (where it started).
 
     Returns:
         1.0 for no change, else a factor in ``[1 / max_step, max_step]``.
     """
+    return _rule(
+        config,
+        estimate,
+        served_tokens,
+        window_s,
+        busy_share,
+        token_denials,
+        completions,
+        on_time,
+        floor,
+    )[1]
+
+
+def _rule(
+    config: RefreshConfig,
+    estimate: float,
+    served_tokens: float,
+    window_s: float,
+    busy_share: float,
+    token_denials: int,
+    completions: int,
+    on_time: int | None,
+    floor: float,
+) -> tuple[str, float]:
+    """(the rule that applies: saturated, late, probe or hold; its factor)."""
     if completions < config.min_completions or not (estimate > 0 and window_s > 0):
-        return 1.0
+        return "hold", 1.0
+    met = completions if on_time is None else on_time
+    late = met < config.on_time_share * completions
     if busy_share >= config.saturated_share:
-        factor = served_tokens / window_s / estimate
-    elif token_denials > 0:
-        factor = config.probe
+        rule, factor = "saturated", served_tokens / window_s / estimate
+    elif late and estimate > floor:
+        rule, factor = "late", max(1.0 / config.probe, floor / estimate)
+    elif token_denials > 0 and busy_share < config.room_share and not late:
+        rule, factor = "probe", config.probe
     else:
-        return 1.0
+        return "hold", 1.0
     factor = min(config.max_step, max(1.0 / config.max_step, factor))
-    return 1.0 if abs(factor - 1.0) < config.deadband or not math.isfinite(factor) else factor
+    if abs(factor - 1.0) < config.deadband or not math.isfinite(factor):
+        return "hold", 1.0
+    return rule, factor
 
 
 class ThroughputRefresh:
     """Feeds :func:`refresh_factor` from one run and rescales the gate.
 
     The front door tells it whether each iteration was busy, each completion and each 429;
-    at the end of every window it rescales the gate and starts the next window.
+    at the end of every window it rescales the gate and starts the next window. A probe
+    that a late window takes back makes the next probe wait twice as many eligible windows
+    in a row (exponential backoff), so that a server at its latency limit is not probed
+    every other window.
 
     Args:
         gate: the gateway to rescale.
@@ -101,8 +156,11 @@ class ThroughputRefresh:
         "_completions",
         "_config",
         "_denials",
+        "_floor",
         "_gate",
-        "_iterations",
+        "_on_time",
+        "_patience",
+        "_ready",
         "_served",
         "_start",
         "refreshes",
@@ -113,46 +171,64 @@ class ThroughputRefresh:
             raise ValueError(f"'window_s' must be > 0 to refresh: {config.window_s!r}")
         self._gate = gate
         self._config = config
+        self._floor = gate.tokens_per_s
+        self._patience = 1  # eligible windows in a row a probe needs
+        self._ready = 0
         self._start = 0.0
-        self._busy = 0
-        self._iterations = 0
+        self._busy = 0.0
         self._served = 0.0
         self._completions = 0
+        self._on_time = 0
         self._denials = 0
         self.refreshes: list[tuple[float, float]] = []
         """(time, tokens/s assumed from then on) of every change made."""
 
-    def completed(self, tokens: int) -> None:
-        """A request of ``tokens`` prompt plus output tokens finished."""
+    def completed(self, tokens: int, ttft: float, tpot: float) -> None:
+        """A request of ``tokens`` prompt plus output tokens finished; its first token came
+        ``ttft`` seconds after it first arrived, then one every ``tpot`` seconds."""
         self._served += tokens
         self._completions += 1
+        self._on_time += ttft <= self._config.ttft_s and tpot <= self._config.tpot_s
 
     def denied(self, reason: str) -> None:
         """The gateway answered 429 for ``reason``."""
         if reason == "tokens":
             self._denials += 1
 
-    def iteration(self, now: float, busy: bool) -> None:
-        """One server iteration ended at ``now``; ``busy`` if requests waited or the batch
-        was full."""
-        self._iterations += 1
-        self._busy += busy
+    def iteration(self, started: float, now: float, busy: bool) -> None:
+        """The server ran from ``started`` to ``now`` (one iteration, or a run of decode
+        iterations); ``busy`` if requests waited, the batch was full or the token budget
+        was used up. Time between iterations (an idle server) is not busy."""
+        if busy:
+            self._busy += now - max(started, self._start)
         elapsed = now - self._start
         if elapsed < self._config.window_s:
             return
         gate = self._gate
-        factor = refresh_factor(
+        rule, factor = _rule(
             self._config,
             gate.tokens_per_s,
             self._served,
             elapsed,
-            self._busy / self._iterations,
+            self._busy / elapsed,
             self._denials,
             self._completions,
+            self._on_time,
+            min(self._floor, gate.tokens_per_s),
         )
+        if rule == "probe":
+            self._ready += 1
+            if self._ready < self._patience:
+                factor = 1.0
+            else:
+                self._ready = 0
+        else:
+            self._ready = 0
+            if rule == "late":
+                self._patience *= 2
         if factor != 1.0:
             gate.scale_throughput(factor, now)
             self.refreshes.append((now, gate.tokens_per_s))
         self._start = now
-        self._busy = self._iterations = self._completions = self._denials = 0
-        self._served = 0.0
+        self._completions = self._on_time = self._denials = 0
+        self._served = self._busy = 0.0

@@ -130,6 +130,7 @@ def _engine(
         eviction_config=cfg.eviction,
         preemption_config=cfg.preemption,
         gateway_config=cfg.gateway,
+        slo_config=cfg.slo,
         attention=attention if attention is not None else cfg.attention.build(),
         seed=seed,
     )

@@ -53,6 +53,8 @@ class Step:
         self.now = 0.0
         """Simulated time, seconds."""
         self.step = 0
+        self.last_tokens = 0
+        """Tokens computed by the last iteration (its token budget used)."""
         """Iterations so far."""
 
     def prepare(self) -> tuple[bool, int, int]:
@@ -112,6 +114,7 @@ class Step:
             budget -= c
             chunks.append((s, c))
         n_tok = len(dec) + sum(c for _, c in chunks)
+        self.last_tokens = n_tok
         self._res.maybe_round(self.step, running, n_tok)
         kv_read = sum(s.pool_tokens for s in running)
         pairs = sum(s.pool_tokens for s in dec) + sum(
@@ -177,6 +180,7 @@ class Step:
         self.now += float(times[:k].sum())
         self.step += k
         self._res.wrote(len(run) * k)
+        self.last_tokens = len(run)
         finished: list[Seq] = []
         grow = batch.grow
         for s in run:
