@@ -245,6 +245,11 @@ class TestMiddleware:
                 _client(url, "nope").completions.create(model="m", prompt="a")
             assert next(m.id for m in client.models.list()) == "m"
         assert gate.usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
+        # Debt and priority come back from Redis with each release (eqs. 1-2).
+        metrics = adm.metrics().body.decode()
+        weight = gate.priority("a")
+        assert f'kvpolicy_priority{{entitlement="a"}} {weight}' in metrics
+        assert 'kvpolicy_debt{entitlement="a"} 0.0' in metrics
 
 
 class TestReplicaGateways:

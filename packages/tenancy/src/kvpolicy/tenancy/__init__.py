@@ -34,7 +34,6 @@ from kvpolicy.tenancy._math import (
     service_gap,
     update_debt,
 )
-from kvpolicy.tenancy._redis import RedisStateStore
 from kvpolicy.tenancy._shares import token_pool_gateway
 from kvpolicy.tenancy._store import (
     EntitlementState,
@@ -61,7 +60,6 @@ __all__ = [
     "PoolState",
     "PriorityCoefficients",
     "RedisLeaseGate",
-    "RedisStateStore",
     "Resources",
     "ServiceClass",
     "StateStore",

@@ -108,7 +108,10 @@ class LocalGate:
             self._gate.release(attrs.evolve(held, decode_len=decode), time.monotonic() - self._t0)
         except UnknownRequestError:
             return LeaseRelease(False, 0)
-        return LeaseRelease(True, held.prompt_len + decode, clamped)
+        tenant = held.tenant
+        return LeaseRelease(
+            True, held.prompt_len + decode, clamped, self.debt(tenant), self.priority(tenant)
+        )
 
     def held(self) -> int:
         """Requests this gate holds now."""
@@ -294,9 +297,9 @@ class Admission:
         self.in_flight.labels(tenant).dec()
         self.tokens.labels(tenant).inc(out.charged_tokens)
         self.latency.labels(tenant).inc(time.monotonic() - ticket.started)
-        if isinstance(self.gate, LocalGate):
-            self.debt.labels(tenant).set(self.gate.debt(tenant))
-            self.priority.labels(tenant).set(self.gate.priority(tenant))
+        if out.debt is not None and out.priority is not None:
+            self.debt.labels(tenant).set(out.debt)
+            self.priority.labels(tenant).set(out.priority)
         return out
 
     def metrics(self) -> Response:
