@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pathlib
 import random
 import signal
 import time
@@ -22,6 +23,8 @@ from kvpolicy.tenancy import (
     TokenEntitlement,
     TokenPool,
     TokenPoolGate,
+    load_gate,
+    load_lease_gate,
 )
 
 pytestmark = pytest.mark.redis
@@ -103,6 +106,20 @@ class TestDecisions:
             gate.check(_req(1), max_output_tokens=value)  # type: ignore[arg-type]
         assert gate.usage("g")["in_flight"] == 1
         assert gate.release(_req(0)).released
+
+
+class TestManifest:
+    def test_load_lease_gate_reads_the_default_and_gate_sections(self, redis_proc: Any) -> None:
+        """The example manifest's ``gate`` settings and ``default`` entitlement reach the
+        Redis gate, as they reach ``load_gate``'s in-process one."""
+        path = pathlib.Path(__file__).parents[1] / "examples" / "pool.yaml"
+        gate = load_lease_gate(path, 1, redis_proc.url, namespace="manifest")
+        assert gate.config == load_gate(path, 1).config
+        default = gate.entitlement("someone-new")
+        assert default is not None
+        assert default.service_class.name == "spot"
+        assert gate.check(Request("n0", 8, 1, tenant="someone-new")).admitted
+        assert gate.release("n0", 20).released
 
 
 class TestFaults:

@@ -223,6 +223,11 @@ class TokenPoolGate:
         """KV bytes charged per token."""
         return self._bpt
 
+    @property
+    def default_entitlement(self) -> TokenEntitlement | None:
+        """The entitlement copied for tenants the pool does not name, if any."""
+        return self._default
+
     def entitlement(self, tenant: str) -> TokenEntitlement | None:
         """The entitlement that governs ``tenant`` (a copy of the default one if need be)."""
         return self._lookup(tenant)

@@ -407,15 +407,13 @@ def create_app(
 
 
 def _from_env() -> Admission:
-    from kvpolicy.tenancy._manifest import load_manifest
+    from kvpolicy.tenancy._manifest import load_gate, load_lease_gate
 
-    pool = load_manifest(os.environ["KVPOLICY_POOL"])
+    source = os.environ["KVPOLICY_POOL"]
     keys = load_api_keys(os.environ["KVPOLICY_API_KEYS"])
     bpt = int(os.environ.get("KVPOLICY_BYTES_PER_TOKEN", "1"))
     url = os.environ.get("KVPOLICY_REDIS")
-    gate: Gate = (
-        RedisLeaseGate.from_url(pool, bpt, url) if url else LocalGate(TokenPoolGate(pool, bpt))
-    )
+    gate: Gate = load_lease_gate(source, bpt, url) if url else LocalGate(load_gate(source, bpt))
     return Admission(gate, keys)
 
 
