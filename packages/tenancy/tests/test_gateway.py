@@ -190,6 +190,21 @@ class TestGateway:
         assert bad.json()["error"]["code"] == "bad-json"
         big = httpx.post(url + "/v1/completions", content=b"x" * (2 << 20), headers=auth)
         assert big.status_code == 413
+        body = {"model": "m", "messages": msgs}
+        assert httpx.post(url + "/v1/chat/completions", json=body).status_code == 401  # no key
+        for bad_max in (-1, 0, 1.5, "8", None, True):
+            sent = httpx.post(
+                url + "/v1/chat/completions", json={**body, "max_tokens": bad_max}, headers=auth
+            )
+            assert sent.status_code == 400, bad_max
+            assert sent.json()["error"]["code"] == "max_tokens"
+            assert "'max_tokens' must be a positive integer" in sent.json()["error"]["message"]
+        nan = httpx.post(
+            url + "/v1/chat/completions",
+            content=b'{"model": "m", "messages": [], "max_tokens": NaN}',
+            headers=auth,
+        )
+        assert nan.status_code == 400
         _drained(adm)
 
     def test_429_with_retry_after(self, gateway: tuple[str, Admission]) -> None:

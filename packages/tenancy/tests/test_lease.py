@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import pathlib
 import random
+import re
 import signal
 import time
 from collections import Counter
@@ -81,19 +82,24 @@ class TestDecisions:
         assert (big.admitted, big.reason) == (False, "oversized")
         assert gate.check(_req(3, tenant="nobody")).reason == "unknown-tenant"
 
-    def test_twice_unknown_and_clamped_releases_change_nothing(self, redis_proc: Any) -> None:
+    def test_twice_unknown_and_clamped_releases_change_nothing(
+        self, redis_proc: Any, caplog: pytest.LogCaptureFixture
+    ) -> None:
         gate = _gate(redis_proc.url)
         assert gate.check(_req(0)).admitted
         assert gate.check(_req(1)).admitted
-        out = gate.release(_req(0), 10**9)
+        with caplog.at_level("WARNING", logger="kvpolicy.tenancy"):
+            out = gate.release(_req(0), 10**9)
         assert (out.released, out.charged_tokens, out.clamped) == (True, 32, True)
+        assert "reports 1000000000 tokens, more than its charge 32: clamped" in caplog.text
         before = gate.usage("g")
         for again in (gate.release(_req(0)), gate.release("never-admitted", 5)):
             assert (again.released, again.charged_tokens) == (False, 0)
         assert gate.usage("g") == before == {"in_flight": 1, "kv_bytes": 32, "tokens": 32}
 
     @pytest.mark.parametrize(
-        ("value", "error"), [(-1, ValueError), (1.5, TypeError), (True, TypeError)]
+        ("value", "error"),
+        [(-1, ValueError), (1.5, TypeError), (True, TypeError), (float("nan"), TypeError)],
     )
     def test_bad_counts_name_the_field(
         self, redis_proc: Any, value: object, error: type[Exception]
@@ -106,6 +112,43 @@ class TestDecisions:
             gate.check(_req(1), max_output_tokens=value)  # type: ignore[arg-type]
         assert gate.usage("g")["in_flight"] == 1
         assert gate.release(_req(0)).released
+
+
+class TestRequestClock:
+    @pytest.mark.parametrize(
+        ("time_", "error", "message"),
+        [
+            (None, ValueError, "'time' is required with clock='request': None"),
+            (float("nan"), ValueError, "'time' must be finite and >= 0: nan"),
+            (-1.0, ValueError, "'time' must be finite and >= 0: -1.0"),
+            ("0", TypeError, "'time' must be a number: '0'"),
+        ],
+    )
+    def test_bad_times_name_the_field_and_change_nothing(
+        self, redis_proc: Any, time_: Any, error: type[Exception], message: str
+    ) -> None:
+        gate = _gate(redis_proc.url, clock="request")
+        assert gate.check(_req(0), 1.0).admitted
+        before = (gate.usage("g"), gate.usage())
+        with pytest.raises(error, match=re.escape(message)):
+            gate.check(_req(1), time_)
+        with pytest.raises(error, match=re.escape(message)):
+            gate.release(_req(0), 20, time=time_)
+        with pytest.raises(error, match=re.escape(message)):
+            gate.state("g", time_)
+        assert (gate.usage("g"), gate.usage()) == before
+        assert gate.release(_req(0), 20, time=2.0).released
+
+    def test_bad_settings_name_the_field(self, redis_proc: Any) -> None:
+        with pytest.raises(ValueError, match="'clock' must be 'redis' or 'request': 'wall'"):
+            _gate(redis_proc.url, clock="wall")
+        with pytest.raises(ValueError, match="'lease_ttl_s' must be finite and > 0: nan"):
+            _gate(redis_proc.url, lease_ttl_s=float("nan"))
+        with pytest.raises(TypeError, match="'config' must be GateConfig"):
+            _gate(redis_proc.url, config={})
+        spot = TokenEntitlement("d", "guaranteed", Resources(1, 10, 1))
+        with pytest.raises(ValueError, match="'default_entitlement' must not reserve"):
+            _gate(redis_proc.url, default_entitlement=spot)
 
 
 class TestManifest:
