@@ -107,9 +107,9 @@ local function ent(tenant, spec, K)
   return s
 end
 local function save(s, idle)
-  redis.call('HSET', s.key, 'inf', s.inf, 'kv', s.kv, 'tok', s.tok, 'b', fmt(s.b),
-             'bt', fmt(s.bt), 'burst', fmt(s.burst), 'debt', fmt(s.debt),
-             'served', fmt(s.served), 'cont', s.cont, 'k', s.k, 'spec', s.spec)
+  redis.call('HSET', s.key, 'inf', fmt(s.inf), 'kv', fmt(s.kv), 'tok', fmt(s.tok),
+             'b', fmt(s.b), 'bt', fmt(s.bt), 'burst', fmt(s.burst), 'debt', fmt(s.debt),
+             'served', fmt(s.served), 'cont', fmt(s.cont), 'k', fmt(s.k), 'spec', s.spec)
   redis.call('EXPIRE', s.key, idle)
 end
 local function weight(s)
@@ -129,9 +129,9 @@ local function pool_state()
   return p, K
 end
 local function save_pool(p)
-  redis.call('HSET', poolkey, 'inf', p.inf, 'kv', p.kv, 'tok', p.tok, 'b', fmt(p.b),
-             'bt', fmt(p.bt), 'pinf', p.pinf, 'pkv', p.pkv, 'rus', p.rus, 'ruk', p.ruk,
-             'k', p.k, 'wk', p.wk)
+  redis.call('HSET', poolkey, 'inf', fmt(p.inf), 'kv', fmt(p.kv), 'tok', fmt(p.tok),
+             'b', fmt(p.b), 'bt', fmt(p.bt), 'pinf', fmt(p.pinf), 'pkv', fmt(p.pkv),
+             'rus', fmt(p.rus), 'ruk', fmt(p.ruk), 'k', fmt(p.k), 'wk', fmt(p.wk))
 end
 -- Count one more request of ``s`` in flight (no limit checked).
 local function take(s, p, tok, kv)
@@ -180,7 +180,7 @@ local function free(id, actual, p, K, idle)
   return tok
 end
 local function reclaim(p, K, idle, limit)
-  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, limit)
+  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', fmt(now), 'LIMIT', 0, limit)
   for _, id in ipairs(gone) do free(id, -1, p, K, idle) end
   return #gone
 end
@@ -261,8 +261,8 @@ s.b, s.bt, s.served = level - tok, st, s.served + tok
 p.b, p.bt = plevel - tok, pt
 save(s, idle)
 save_pool(p)
-redis.call('HSET', data, id, tok .. ' ' .. kv .. ' ' .. tenant)
-redis.call('ZADD', leases, now + ttl, id)
+redis.call('HSET', data, id, fmt(tok) .. ' ' .. fmt(kv) .. ' ' .. tenant)
+redis.call('ZADD', leases, fmt(now + ttl), id)
 return {1}
 """
 )
@@ -278,8 +278,8 @@ save_pool(p)
 if not tok then return {-1, '0', '0'} end
 local tenant = string.match(v, '^%d+ %d+ (.*)$')
 local s = ent(tenant, nil, K)
-if not s then return {tok, '0', '0'} end
-return {tok, fmt(s.debt), fmt(weight(s))}
+if not s then return {fmt(tok), '', ''} end
+return {fmt(tok), fmt(s.debt), fmt(weight(s))}
 """
 )
 
@@ -304,10 +304,10 @@ for i = 18, #ARGV, 5 do
     local s = ent(tenant, ARGV[i + 4], K)
     take(s, p, tok, kv)
     save(s, idle)
-    redis.call('HSET', data, id, tok .. ' ' .. kv .. ' ' .. tenant)
+    redis.call('HSET', data, id, fmt(tok) .. ' ' .. fmt(kv) .. ' ' .. tenant)
     adopted = adopted + 1
   end
-  redis.call('ZADD', leases, now + ttl, id)
+  redis.call('ZADD', leases, fmt(now + ttl), id)
 end
 save_pool(p)
 return {renewed, adopted, reclaimed}
@@ -753,11 +753,14 @@ class RedisLeaseGate:
                 self._pending_release[rid] = actual
             tok = mine[1] if actual < 0 else min(actual, mine[1])
             return LeaseRelease(True, tok, clamped)
-        charged = int(res[0])
+        charged = int(_text(res[0]))
         if charged < 0:
             return LeaseRelease(False, 0)
         tok = charged if actual < 0 else min(actual, charged)
-        return LeaseRelease(True, tok, clamped, float(_text(res[1])), float(_text(res[2])))
+        debt, weight = _text(res[1]), _text(res[2])
+        if not debt:  # the entitlement's state expired while the lease lived
+            return LeaseRelease(True, tok, clamped)
+        return LeaseRelease(True, tok, clamped, float(debt), float(weight))
 
     def renew(self, time: float | None = None) -> tuple[int, int, int]:
         """Extend every lease this replica holds (call it every ``lease_ttl_s / 3``), adopt
