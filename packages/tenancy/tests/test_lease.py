@@ -3,6 +3,7 @@ leases that expire, idempotent releases, and what happens while Redis is away.""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import os
 import pathlib
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kvpolicy.kvmodel import Request
+from kvpolicy.kvmodel import GateDecision, Request
 from kvpolicy.tenancy import (
     GateConfig,
     OutagePolicy,
@@ -112,6 +113,35 @@ class TestDecisions:
             gate.check(_req(1), max_output_tokens=value)  # type: ignore[arg-type]
         assert gate.usage("g")["in_flight"] == 1
         assert gate.release(_req(0)).released
+
+
+class TestAsync:
+    def test_acheck_decides_as_check_on_one_event_loop(self, redis_proc: Any) -> None:
+        """``acheck`` (the gateway's call) shares limits with ``check``; while Redis is away
+        it falls back to the outage policy, like ``check``."""
+        gate = _gate(redis_proc.url, outage=OutagePolicy(timeout_s=0.2))
+
+        async def run() -> tuple[list[GateDecision], GateDecision]:
+            got = [await gate.acheck(_req(i)) for i in range(CONCURRENCY + 1)]
+            got.append(await gate.acheck(_req("big", prompt_len=10**9)))
+            with pytest.raises(ValueError, match="already admitted"):
+                await gate.acheck(_req(0))
+            assert gate.usage("g")["in_flight"] == CONCURRENCY
+            for i in range(CONCURRENCY):
+                assert gate.release(_req(i)).released
+            redis_proc.stop()
+            try:
+                away = await gate.acheck(_req("s0", tenant="s"))
+            finally:
+                redis_proc.start()
+            return got, away
+
+        decisions, away = asyncio.run(run())
+        assert [d.admitted for d in decisions[:CONCURRENCY]] == [True] * CONCURRENCY
+        assert decisions[CONCURRENCY].reason == "concurrency"
+        assert decisions[-1].reason == "oversized"
+        assert away.reason == "state-unavailable"
+        assert gate.usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
 
 
 class TestRequestClock:

@@ -12,6 +12,7 @@ changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
@@ -451,6 +452,7 @@ class RedisLeaseGate:
         idle_ttl_s: float = 3600.0,
         outage: OutagePolicy | None = None,
         default_entitlement: TokenEntitlement | None = None,
+        async_client: Any = None,
     ) -> None:
         """Build a gate over a redis-py client (``redis.Redis``; see :meth:`from_url`).
 
@@ -467,6 +469,8 @@ class RedisLeaseGate:
             outage: what to do while Redis is away; defaults when ``None``.
             default_entitlement: the entitlement of a tenant the pool does not name; ``None``
                 denies such requests with ``"unknown-tenant"``. It may not reserve capacity.
+            async_client: a ``redis.asyncio.Redis`` on the same server, for :meth:`acheck`
+                (used from one event loop); ``None`` runs :meth:`check` in a thread instead.
         """
         if not isinstance(pool, TokenPool):
             raise TypeError(f"'pool' must be TokenPool: {pool!r}")
@@ -548,21 +552,27 @@ class RedisLeaseGate:
         self._renew = client.register_script(_LUA_RENEW)
         self._charge = client.register_script(_LUA_CHARGE)
         self._state = client.register_script(_LUA_STATE)
+        self._aclient = async_client
+        if async_client is not None:
+            self._aacquire = async_client.register_script(_LUA_ACQUIRE)
 
     @classmethod
     def from_url(
         cls, pool: TokenPool, bytes_per_token: int | ModelSpec, url: str, **kwargs: Any
     ) -> RedisLeaseGate:
-        """Connect to ``url`` (``redis://host:port/db``) with redis-py (the ``redis`` extra)."""
+        """Connect to ``url`` (``redis://host:port/db``) with redis-py (the ``redis`` extra),
+        with a blocking client and an asyncio one (for :meth:`acheck`)."""
         import redis
+        import redis.asyncio
 
         outage = kwargs.get("outage") or OutagePolicy()
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=outage.timeout_s,
-            socket_connect_timeout=outage.timeout_s,
-            retry_on_timeout=False,
-        )
+        opts: dict[str, Any] = {
+            "socket_timeout": outage.timeout_s,
+            "socket_connect_timeout": outage.timeout_s,
+            "retry_on_timeout": False,
+        }
+        client = redis.Redis.from_url(url, **opts)
+        kwargs.setdefault("async_client", redis.asyncio.Redis.from_url(url, **opts))
         return cls(pool, bytes_per_token, client, **kwargs)
 
     # -- inspection --------------------------------------------------------------------
@@ -648,6 +658,51 @@ class RedisLeaseGate:
             ValueError: ``max_output_tokens`` or ``time`` is negative (or ``time`` missing
                 with ``clock="request"``); ``request`` is already held. Nothing changes.
         """
+        prepared = self._prepare(request, time, max_output_tokens)
+        if isinstance(prepared, GateDecision):
+            return prepared
+        ent, tok, kv, args = prepared
+        try:
+            self._reconcile()
+            res = self._acquire(keys=self._keys, args=args)
+        except _redis_errors() as err:
+            return self._check_locally(request.request_id, request.tenant, ent, tok, kv, err)
+        return self._decided(request, tok, kv, res)
+
+    async def acheck(
+        self, request: Request, time: float | None = None, *, max_output_tokens: int | None = None
+    ) -> GateDecision:
+        """:meth:`check` on an asyncio event loop: the round trip does not block the loop.
+
+        It needs the asyncio client of :meth:`from_url` (``async_client``); without one it
+        runs :meth:`check` in a worker thread. Same arguments, results and errors.
+        """
+        if self._aclient is None:
+            return await asyncio.to_thread(
+                self.check, request, time, max_output_tokens=max_output_tokens
+            )
+        prepared = self._prepare(request, time, max_output_tokens)
+        if isinstance(prepared, GateDecision):
+            return prepared
+        ent, tok, kv, args = prepared
+        try:
+            if self._local_ids or self._pending_release or self._pending_charge:
+                await asyncio.to_thread(self._reconcile)
+            res = await self._aacquire(keys=self._keys, args=args)
+        except _redis_errors() as err:
+            return self._check_locally(request.request_id, request.tenant, ent, tok, kv, err)
+        return self._decided(request, tok, kv, res)
+
+    async def aclose(self) -> None:
+        """Close the asyncio client's connections (at the end of its event loop); it
+        reconnects if used again."""
+        if self._aclient is not None:
+            await self._aclient.aclose()
+
+    def _prepare(
+        self, request: Request, time: float | None, max_output_tokens: int | None
+    ) -> GateDecision | tuple[TokenEntitlement, int, int, list[Any]]:
+        """Check the arguments; a decision that needs no Redis, or the script's arguments."""
         if not isinstance(request, Request):
             raise TypeError(f"'request' must be Request: {request!r}")
         if max_output_tokens is not None:
@@ -681,18 +736,19 @@ class RedisLeaseGate:
             repr(lim.tokens_per_s * self._window),
             lim.kv_bytes,
         ]
-        try:
-            self._reconcile()
-            res = self._acquire(keys=self._keys, args=args)
-        except _redis_errors() as err:
-            return self._check_locally(rid, tenant, ent, tok, kv, err)
+        return ent, tok, kv, args
+
+    def _decided(self, request: Request, tok: int, kv: int, res: Any) -> GateDecision:
+        """The decision from the acquire script's answer ``res``."""
+        rid = request.request_id
         status = int(res[0])
         if status == -1:
             raise ValueError(f"'request' {rid!r} is already admitted and not released")
         if status == 1:
             with self._lock:
-                self._held[rid] = (tenant, tok, kv)
+                self._held[rid] = (request.tenant, tok, kv)
             return GateDecision(admitted=True)
+        cfg = self._config
         slots, need_kv, need_tok, inf, htok, hkv, drain = (float(_text(v)) for v in res[2:9])
         wait = retry_after(
             slots_needed=slots,

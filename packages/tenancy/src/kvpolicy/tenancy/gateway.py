@@ -261,10 +261,10 @@ class Admission:
             return _error(400, msg, "invalid_request_error", "oversized")
         rid = f"gw-{uuid.uuid4().hex[:12]}-{next(_ids)}"
         req = Request(rid, prompt, mt, tenant=tenant)
-        if isinstance(self.gate, LocalGate):  # microseconds: no thread hop
+        if isinstance(self.gate, LocalGate):  # microseconds: no round trip
             decision = self.gate.check(req, max_output_tokens=mt)
-        else:  # one Redis round trip: off the event loop
-            decision = await run_in_threadpool(self.gate.check, req, max_output_tokens=mt)
+        else:  # one Redis round trip, awaited on the event loop
+            decision = await self.gate.acheck(req, max_output_tokens=mt)
         if not decision.admitted:
             self.denied.labels(tenant, decision.reason).inc()
             retry = max(1, math.ceil(decision.retry_after))
@@ -305,6 +305,11 @@ class Admission:
             self.debt.labels(tenant).set(out.debt)
             self.priority.labels(tenant).set(out.priority)
         return out
+
+    async def aclose(self) -> None:
+        """Close the gate's connections on this event loop (at shutdown)."""
+        if isinstance(self.gate, RedisLeaseGate):
+            await self.gate.aclose()
 
     def metrics(self) -> Response:
         """The Prometheus exposition of the counters."""
@@ -357,6 +362,7 @@ def create_app(
         finally:
             task.cancel()
             await state["client"].close()
+            await admission.aclose()
 
     async def proxy(request: HttpRequest) -> Response:
         body = await _read_body(request, admission.max_body_bytes)
@@ -451,6 +457,12 @@ class TokenPoolMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI entry point."""
+        if scope["type"] == "lifespan":  # it lasts the server's life: close at its end
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                await self.admission.aclose()
+            return
         if scope["type"] != "http" or scope["path"] not in _PATHS or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
