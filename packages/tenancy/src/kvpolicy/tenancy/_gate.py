@@ -122,8 +122,10 @@ class TokenPoolGate:
     neither refills a bucket nor runs an update.
 
     State lives in a :class:`StateStore`. The admission threshold is kept by each gate from
-    its own admissions and rebuilt from the store at every update, so several replicas over
-    one shared store agree on it within one update interval.
+    its own admissions and rebuilt from the store at every update, so several gates over one
+    in-process store agree on it within one update interval. Replicas in several processes
+    share a :class:`~kvpolicy.tenancy.RedisLeaseGate`, which makes these same decisions
+    atomically in Redis.
     """
 
     __slots__ = (
