@@ -117,8 +117,8 @@ class TestDecisions:
 
 class TestAsync:
     def test_acheck_decides_as_check_on_one_event_loop(self, redis_proc: Any) -> None:
-        """``acheck`` (the gateway's call) shares limits with ``check``; while Redis is away
-        it falls back to the outage policy, like ``check``."""
+        """``acheck`` and ``arelease`` (the gateway's calls) share limits with ``check`` and
+        ``release``; while Redis is away they fall back to the outage policy alike."""
         gate = _gate(redis_proc.url, outage=OutagePolicy(timeout_s=0.2))
 
         async def run() -> tuple[list[GateDecision], GateDecision]:
@@ -127,8 +127,13 @@ class TestAsync:
             with pytest.raises(ValueError, match="already admitted"):
                 await gate.acheck(_req(0))
             assert gate.usage("g")["in_flight"] == CONCURRENCY
-            for i in range(CONCURRENCY):
-                assert gate.release(_req(i)).released
+            out = await gate.arelease(_req(0), 20)
+            assert (out.released, out.charged_tokens, out.debt) == (True, 20, 0.0)
+            assert out.priority == gate.priority("g")
+            again = await gate.arelease(_req(0), 20)  # twice: nothing changes, and says so
+            assert (again.released, again.charged_tokens) == (False, 0)
+            for i in range(1, CONCURRENCY):
+                assert (await gate.arelease(_req(i))).released
             redis_proc.stop()
             try:
                 away = await gate.acheck(_req("s0", tenant="s"))

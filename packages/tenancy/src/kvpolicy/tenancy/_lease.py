@@ -555,6 +555,7 @@ class RedisLeaseGate:
         self._aclient = async_client
         if async_client is not None:
             self._aacquire = async_client.register_script(_LUA_ACQUIRE)
+            self._arelease = async_client.register_script(_LUA_RELEASE)
 
     @classmethod
     def from_url(
@@ -782,6 +783,44 @@ class RedisLeaseGate:
             TypeError, ValueError: ``produced_tokens`` is not a non-negative int, or ``time``
                 is not a valid time (see :meth:`check`). Nothing changes.
         """
+        prepared = self._prepare_release(request, produced_tokens, time)
+        if isinstance(prepared, LeaseRelease):
+            return prepared
+        rid, actual, mine, clamped, args = prepared
+        try:
+            self._reconcile()
+            res = self._release(keys=self._keys, args=args)
+        except _redis_errors():
+            return self._release_later(rid, actual, mine, clamped)
+        return self._released(res, actual, clamped)
+
+    async def arelease(
+        self,
+        request: Request | str,
+        produced_tokens: int | None = None,
+        *,
+        time: float | None = None,
+    ) -> LeaseRelease:
+        """:meth:`release` on an asyncio event loop (see :meth:`acheck`)."""
+        if self._aclient is None:
+            return await asyncio.to_thread(self.release, request, produced_tokens, time=time)
+        prepared = self._prepare_release(request, produced_tokens, time)
+        if isinstance(prepared, LeaseRelease):
+            return prepared
+        rid, actual, mine, clamped, args = prepared
+        try:
+            if self._local_ids or self._pending_release or self._pending_charge:
+                await asyncio.to_thread(self._reconcile)
+            res = await self._arelease(keys=self._keys, args=args)
+        except _redis_errors():
+            return self._release_later(rid, actual, mine, clamped)
+        return self._released(res, actual, clamped)
+
+    def _prepare_release(
+        self, request: Request | str, produced_tokens: int | None, time: float | None
+    ) -> LeaseRelease | tuple[str, int, tuple[str, int, int] | None, bool, list[Any]]:
+        """Check the arguments and forget the lease here; a result that needs no Redis, or
+        what the release script needs."""
         rid = request.request_id if isinstance(request, Request) else request
         if not isinstance(rid, str):
             raise TypeError(f"'request' must be Request or str: {request!r}")
@@ -799,16 +838,22 @@ class RedisLeaseGate:
             )
         if mine is not None and rid in self._local_ids:
             return self._release_locally(rid, mine, actual)
-        try:
-            self._reconcile()
-            res = self._release(keys=self._keys, args=[*common, rid, actual, self._idle])
-        except _redis_errors():
-            if mine is None:
-                return LeaseRelease(False, 0)
-            with self._lock:
-                self._pending_release[rid] = actual
-            tok = mine[1] if actual < 0 else min(actual, mine[1])
-            return LeaseRelease(True, tok, clamped)
+        return rid, actual, mine, clamped, [*common, rid, actual, self._idle]
+
+    def _release_later(
+        self, rid: str, actual: int, mine: tuple[str, int, int] | None, clamped: bool
+    ) -> LeaseRelease:
+        """Redis is away: replay the release when it answers again."""
+        if mine is None:
+            return LeaseRelease(False, 0)
+        with self._lock:
+            self._pending_release[rid] = actual
+        tok = mine[1] if actual < 0 else min(actual, mine[1])
+        return LeaseRelease(True, tok, clamped)
+
+    @staticmethod
+    def _released(res: Any, actual: int, clamped: bool) -> LeaseRelease:
+        """The outcome from the release script's answer ``res``."""
         charged = int(_text(res[0]))
         if charged < 0:
             return LeaseRelease(False, 0)

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
+import anyio
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
@@ -296,7 +297,23 @@ class Admission:
             return None
         ticket.done = True
         produced = ticket.request.prompt_len + ticket.output_tokens
-        out = self.gate.release(ticket.request, produced)
+        return self._booked(ticket, self.gate.release(ticket.request, produced))
+
+    async def afinish(self, ticket: Ticket) -> LeaseRelease | None:
+        """:meth:`finish` on the event loop: a Redis release is awaited, shielded from the
+        cancellation of a client disconnect so that it always completes."""
+        if ticket.done:
+            return None
+        ticket.done = True
+        produced = ticket.request.prompt_len + ticket.output_tokens
+        if isinstance(self.gate, LocalGate):
+            out = self.gate.release(ticket.request, produced)
+        else:
+            with anyio.CancelScope(shield=True):
+                out = await self.gate.arelease(ticket.request, produced)
+        return self._booked(ticket, out)
+
+    def _booked(self, ticket: Ticket, out: LeaseRelease) -> LeaseRelease:
         tenant = ticket.tenant
         self.in_flight.labels(tenant).dec()
         self.tokens.labels(tenant).inc(out.charged_tokens)
@@ -376,10 +393,10 @@ def create_app(
         try:
             upstream = await state["client"].post(url, data=body, headers=_JSON)
         except TimeoutError:
-            await run_in_threadpool(admission.finish, ticket)
+            await admission.afinish(ticket)
             return _error(504, "Backend timed out.", "api_error", "backend-timeout")
         except aiohttp.ClientError as err:
-            await run_in_threadpool(admission.finish, ticket)
+            await admission.afinish(ticket)
             return _error(502, f"Backend unreachable: {err}", "api_error", "backend-error")
 
         media = upstream.headers.get("content-type", "application/json")
@@ -392,7 +409,7 @@ def create_app(
             except aiohttp.ClientError as err:
                 return _error(502, f"Backend failed: {err}", "api_error", "backend-error")
             finally:
-                admission.finish(ticket)
+                await admission.afinish(ticket)
                 upstream.release()
             return Response(content, status_code=upstream.status, media_type=media)
 
@@ -403,7 +420,7 @@ def create_app(
                     yield chunk
             finally:
                 # Completion, client disconnect (cancellation) or backend error alike.
-                admission.finish(ticket)
+                await admission.afinish(ticket)
                 upstream.release()
 
         return StreamingResponse(relay(), status_code=upstream.status, media_type=media)
@@ -494,4 +511,4 @@ class TokenPoolMiddleware:
         try:
             await self.app(scope, replay, counting_send)
         finally:
-            self.admission.finish(ticket)
+            await self.admission.afinish(ticket)
