@@ -4,22 +4,29 @@
   in-memory store), each followed by its release (not timed). Goal p99 < 20 us.
 * ``redis_decision_p50_us`` / ``redis_decision_p99_us``: one ``RedisLeaseGate.check`` (one
   Lua script, one round trip) against a ``redis-server`` on loopback started here; and
-  ``redis_release_p50_us``. Goal p99 < 500 us.
+  ``redis_release_p50_us``. Goal p99 < 500 us. ``redis_contended_decision_p50_us`` /
+  ``_p99_us``: the same over a contended pool, where the priority check runs
+  (``redis_contended_priority_denials``: the share of decisions it denied).
 * ``replica_violations``: 4 replica processes x ``decisions`` decisions on one entitlement
   of concurrency 8, each holding up to 4 requests; an independent Redis counter raised after
   each admission and lowered before each release counts the times it passed 8, per 10,000
   decisions. Goal 0.
 * ``overhead_p50_ms`` / ``overhead_p99_ms``: latency through the gateway minus latency of
-  calling the upstream directly, at ``rate_rps`` requests/s paced (500 by default), both
-  processes on this machine (``_at_100rps``: the same at 100 requests/s). Until the
-  simulated backend exists the upstream is a small OpenAI-shaped Starlette server
-  (``_UPSTREAM`` below) answering at once.
-* ``sustained_rps``: completed requests/s through the gateway with 32 concurrent clients.
+  calling the simulated backend (``kvpolicy sim backend --model Llama-3-8B --gpu H100-SXM``)
+  directly, in the same run, paced at ``rate_rps`` requests/s (500); ``_at_100rps`` and
+  ``_at_300rps`` at those rates; ``_redis`` through a gateway over a ``RedisLeaseGate``.
+  All processes (load generator, gateway, backend, Redis) share this machine's cores.
+  Median over ``rounds`` rounds; ``_best`` the smallest round; ``_rounds`` every round.
+  ``None`` where the backend called directly already queues at that rate
+  (``saturated_rps``): there the difference measures the backend, not the gateway.
+* ``sustained_rps``: completed requests/s through the gateway with 32 concurrent clients
+  (``direct_sustained_rps``: the backend alone).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing as mp
 import os
 import pathlib
@@ -36,6 +43,7 @@ from _harness import parse_args, write_result
 
 from kvpolicy.kvmodel import Request
 from kvpolicy.tenancy import (
+    GateConfig,
     RedisLeaseGate,
     Resources,
     TokenEntitlement,
@@ -111,6 +119,43 @@ def bench_redis(url: str, n: int) -> dict[str, float]:
     }
 
 
+def bench_redis_contended(url: str, n: int) -> dict[str, float]:
+    """Decisions over a contended pool: 200 tenants share 64 slots and keep 96 requests in
+    flight, so most decisions take the priority check; a 0.1 s control interval makes the
+    threshold refresh (one per interval, over the tenants in flight) frequent."""
+    from collections import deque
+
+    ents = [
+        TokenEntitlement(f"t{i}", "elastic", Resources(1e9, 10**15, 8), max_output_tokens=16)
+        for i in range(200)
+    ]
+    pool = TokenPool("contended", Resources(1e10, 10**16, 64), ents)
+    gate = RedisLeaseGate.from_url(
+        pool, 1, url, namespace="bench-contended", config=GateConfig(update_interval_s=0.1)
+    )
+    held: deque[Request] = deque()
+    times: list[float] = []
+    by_priority = 0
+    clock = time.perf_counter_ns
+    for i in range(n):
+        req = Request(f"c{i}", 64, 16, tenant=f"t{(i * 7) % 200}")
+        start = clock()
+        decision = gate.check(req)
+        times.append((clock() - start) / 1e3)
+        by_priority += decision.reason == "priority"
+        if decision.admitted:
+            held.append(req)
+        if held and (len(held) > 96 or i % 3 == 0):  # 2 admissions per release
+            gate.release(held.popleft(), 70)
+    for req in held:
+        gate.release(req)
+    return {
+        "redis_contended_decision_p50_us": _pct(times, 0.5),
+        "redis_contended_decision_p99_us": _pct(times, 0.99),
+        "redis_contended_priority_denials": by_priority / n,
+    }
+
+
 def _replica(url: str, index: int, decisions: int, out: Any) -> None:
     import random
 
@@ -155,46 +200,60 @@ def bench_replicas(url: str, decisions: int) -> dict[str, float]:
     }
 
 
-_UPSTREAM = """
-import sys, uvicorn
-from starlette.applications import Starlette
-from starlette.responses import JSONResponse
-from starlette.routing import Route
-async def complete(request):
-    await request.body()
-    return JSONResponse({"id": "c", "object": "text_completion", "created": 0, "model": "m",
-        "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-app = Starlette(routes=[Route("/v1/completions", complete, methods=["POST"])])
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error")
-"""
+_BACKEND = "from kvpolicy.sim.cli import main; main()"
+MODEL = "Llama-3-8B"
 
 _GATEWAY = """
 import sys, uvicorn
-from kvpolicy.tenancy import Resources, TokenEntitlement, TokenPool, TokenPoolGate
+from kvpolicy.tenancy import RedisLeaseGate, Resources, TokenEntitlement, TokenPool, TokenPoolGate
 from kvpolicy.tenancy.gateway import Admission, LocalGate, create_app
 ent = TokenEntitlement("a", "elastic", Resources(1e9, 10**15, 10**5), max_output_tokens=16)
 pool = TokenPool("bench", Resources(1e10, 10**16, 10**6), [ent])
-adm = Admission(LocalGate(TokenPoolGate(pool, 1)), {"k": "a"})
-app = create_app(adm, sys.argv[2])
+if len(sys.argv) > 3:
+    gate = RedisLeaseGate.from_url(pool, 1, sys.argv[3], namespace="bench-gateway")
+else:
+    gate = LocalGate(TokenPoolGate(pool, 1))
+app = create_app(Admission(gate, {"k": "a"}), sys.argv[2])
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error")
 """
 
 
-async def _paced(url: str, n: int, rate: float) -> list[float]:
-    import httpx
+_BODY = {"model": MODEL, "prompt": "hello", "max_tokens": 1}
+_HEADERS = {"authorization": "Bearer k"}
 
-    body = {"model": "m", "prompt": "hello", "max_tokens": 1}
-    headers = {"authorization": "Bearer k"}
+
+def _session() -> Any:
+    import aiohttp
+
+    # aiohttp's client costs the load generator about half of httpx's CPU per request,
+    # which leaves more of the shared cores to the gateway and the backend.
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=60),
+        connector=aiohttp.TCPConnector(limit=4_000),
+    )
+
+
+async def _paced(url: str, n: int, rate: float) -> tuple[list[float], int]:
+    """Latencies (s) of ``n`` requests sent at ``rate`` per second, and how many failed."""
+    import aiohttp
+
     times: list[float] = []
-    async with httpx.AsyncClient(timeout=30) as client:
+    errors = 0
+    async with _session() as client:
         for _ in range(20):  # warm up the connection pool
-            await client.post(url, json=body, headers=headers)
+            async with client.post(url, json=_BODY, headers=_HEADERS) as r:
+                await r.read()
 
         async def one() -> None:
+            nonlocal errors
             start = time.perf_counter()
-            r = await client.post(url, json=body, headers=headers)
-            r.raise_for_status()
+            try:
+                async with client.post(url, json=_BODY, headers=_HEADERS) as r:
+                    await r.read()
+                    r.raise_for_status()
+            except (aiohttp.ClientError, TimeoutError):
+                errors += 1
+                return
             times.append(time.perf_counter() - start)
 
         tasks = []
@@ -205,24 +264,20 @@ async def _paced(url: str, n: int, rate: float) -> list[float]:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one()))
         await asyncio.gather(*tasks)
-    return times
+    return times, errors
 
 
 async def _sustained(url: str, seconds: float, clients: int) -> float:
-    import httpx
-
-    body = {"model": "m", "prompt": "hello", "max_tokens": 1}
-    headers = {"authorization": "Bearer k"}
     done = 0
-    limits = httpx.Limits(max_connections=clients)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+    async with _session() as client:
         stop = time.perf_counter() + seconds
 
         async def loop() -> None:
             nonlocal done
             while time.perf_counter() < stop:
-                r = await client.post(url, json=body, headers=headers)
-                r.raise_for_status()
+                async with client.post(url, json=_BODY, headers=_HEADERS) as r:
+                    await r.read()
+                    r.raise_for_status()
                 done += 1
 
         start = time.perf_counter()
@@ -230,30 +285,90 @@ async def _sustained(url: str, seconds: float, clients: int) -> float:
         return done / (time.perf_counter() - start)
 
 
-def bench_overhead(n: int, rates: tuple[float, ...]) -> dict[str, float]:
-    up_port, gw_port = _free_port(), _free_port()
-    upstream = subprocess.Popen([sys.executable, "-c", _UPSTREAM, str(up_port)])
-    gateway = subprocess.Popen(
-        [sys.executable, "-c", _GATEWAY, str(gw_port), f"http://127.0.0.1:{up_port}"]
-    )
+def _start(args: list[str], port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", *args])
+    _wait_port(port, proc)
+    return proc
+
+
+def bench_overhead(
+    n: int, rates: tuple[float, ...], rounds: int, redis_url: str | None
+) -> dict[str, Any]:
+    """Gateway overhead against the simulated backend (``kvpolicy sim backend``).
+
+    Rates are measured from the lowest up. Each round sends ``n * rate / max(rates)``
+    paced requests (at least 500) straight to the backend and as many through the gateway,
+    in alternating order (the backend sees the same load both times); a round's overhead is
+    the difference of the two p50s (p99s). The figures are the median over ``rounds``
+    rounds, ``_best`` the smallest, ``_rounds`` all. When calling the backend directly
+    already queues (its p50 over 3x the one at the lowest rate, or failures), the machine
+    cannot serve that rate and the overhead there is ``None`` (``saturated_rps`` lists it).
+    With ``redis_url`` a second gateway, over a ``RedisLeaseGate``, is measured the same way
+    (``_redis``).
+    """
+    be_port, gw_port = _free_port(), _free_port()
+    backend_cmd = [_BACKEND, "sim", "backend", "--model", MODEL, "--gpu", "H100-SXM"]
+    backend = _start([*backend_cmd, "--port", str(be_port)], be_port)
+    backend_url = f"http://127.0.0.1:{be_port}"
+    direct_url = f"{backend_url}/v1/completions"
+    procs = [backend]
     try:
-        _wait_port(up_port, upstream)
-        _wait_port(gw_port, gateway)
-        out: dict[str, float] = {}
-        for rate in rates:
-            suffix = "" if rate == rates[0] else f"_at_{rate:g}rps"
-            direct = asyncio.run(_paced(f"http://127.0.0.1:{up_port}/v1/completions", n, rate))
-            via = asyncio.run(_paced(f"http://127.0.0.1:{gw_port}/v1/completions", n, rate))
-            out[f"direct_p50_ms{suffix}"] = _pct(direct, 0.5) * 1e3
-            out[f"gateway_p50_ms{suffix}"] = _pct(via, 0.5) * 1e3
-            out[f"overhead_p50_ms{suffix}"] = (_pct(via, 0.5) - _pct(direct, 0.5)) * 1e3
-            out[f"overhead_p99_ms{suffix}"] = (_pct(via, 0.99) - _pct(direct, 0.99)) * 1e3
-        out["rate_rps"] = rates[0]
+        gateways = [("", gw_port, _start([_GATEWAY, str(gw_port), backend_url], gw_port))]
+        procs.append(gateways[0][2])
+        if redis_url is not None:
+            port = _free_port()
+            proc = _start([_GATEWAY, str(port), backend_url, redis_url], port)
+            procs.append(proc)
+            gateways.append(("_redis", port, proc))
+        top = max(rates)
+        out: dict[str, Any] = {
+            "backend": f"kvpolicy sim backend --model {MODEL} --gpu H100-SXM",
+            "rate_rps": top,
+            "rounds": rounds,
+            "saturated_rps": [],
+        }
+        floor: float | None = None
+        for rate in sorted(rates):
+            count = max(500, int(n * rate / top))
+            for tag, port, _ in gateways:
+                suffix = ("" if rate == top else f"_at_{rate:g}rps") + tag
+                via_url = f"http://127.0.0.1:{port}/v1/completions"
+                p50s: list[float] = []
+                p99s: list[float] = []
+                direct_p50: list[float] = []
+                via_p50: list[float] = []
+                saturated = False
+                for r in range(rounds):
+                    order = (direct_url, via_url) if r % 2 == 0 else (via_url, direct_url)
+                    runs = {u: asyncio.run(_paced(u, count, rate)) for u in order}
+                    (direct, d_err), (via, v_err) = runs[direct_url], runs[via_url]
+                    d50 = _pct(direct, 0.5) * 1e3 if direct else math.inf
+                    floor = d50 if floor is None else floor
+                    if d_err or v_err or d50 > 3 * floor:
+                        saturated = True
+                        out[f"direct_p50_ms{suffix}"] = d50
+                        out[f"failed{suffix}"] = d_err + v_err
+                        break
+                    direct_p50.append(d50)
+                    via_p50.append(_pct(via, 0.5) * 1e3)
+                    p50s.append(via_p50[-1] - d50)
+                    p99s.append((_pct(via, 0.99) - _pct(direct, 0.99)) * 1e3)
+                if saturated:
+                    out["saturated_rps"].append(f"{rate:g}{tag}")
+                    out[f"overhead_p50_ms{suffix}"] = None
+                    continue
+                out[f"direct_p50_ms{suffix}"] = _pct(direct_p50, 0.5)
+                out[f"gateway_p50_ms{suffix}"] = _pct(via_p50, 0.5)
+                out[f"overhead_p50_ms{suffix}"] = _pct(p50s, 0.5)
+                out[f"overhead_p50_ms{suffix}_best"] = min(p50s)
+                out[f"overhead_p99_ms{suffix}"] = _pct(p99s, 0.5)
+                out[f"overhead_p50_ms{suffix}_rounds"] = [round(v, 3) for v in p50s]
+        out["direct_sustained_rps"] = asyncio.run(_sustained(direct_url, 3.0, 32))
         out["sustained_rps"] = asyncio.run(
             _sustained(f"http://127.0.0.1:{gw_port}/v1/completions", 3.0, 32)
         )
     finally:
-        for proc in (gateway, upstream):
+        for proc in reversed(procs):
             proc.terminate()
             proc.wait(10)
     return out
@@ -271,29 +386,40 @@ def main() -> None:
     figures: dict[str, Any] = {"cpu_cores": os.cpu_count()}
     figures.update(bench_in_process(n))
     binary = shutil.which("redis-server")
-    missing = [m for m in ("redis", "starlette", "uvicorn", "httpx") if not _has(m)]
-    if missing:  # the bench session must install kvpolicy-tenancy[gateway]
-        figures["skipped"] = (
-            f"not installed: {missing} (pip install --find-links dist 'kvpolicy-tenancy[gateway]')"
-        )
-    elif binary is None:
-        figures["redis"] = "redis-server not installed: Redis figures skipped"
-    else:
-        port = _free_port()
-        cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        server = subprocess.Popen(
-            [*cmd, "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        try:
+    missing = [m for m in ("redis", "starlette", "uvicorn", "aiohttp") if not _has(m)]
+    if not _has("kvpolicy.sim"):
+        missing.append("kvpolicy.sim")
+    server = None
+    url = None
+    try:
+        if missing:  # the bench session must install kvpolicy-tenancy[gateway] and the sim
+            figures["skipped"] = (
+                f"not installed: {missing} (pip install --find-links dist "
+                "'kvpolicy-tenancy[gateway]' 'kvpolicy-sim[backend]')"
+            )
+        elif binary is None:
+            figures["redis"] = "redis-server not installed: Redis figures skipped"
+        else:
+            port = _free_port()
+            cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+            server = subprocess.Popen(
+                [*cmd, "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             _wait_port(port, server)
             url = f"redis://127.0.0.1:{port}/0"
             figures.update(bench_redis(url, n // 5))
+            figures.update(bench_redis_contended(url, n // 5))
             figures.update(bench_replicas(url, 2_500 if args.quick else 10_000))
-        finally:
+        if not missing:
+            figures.update(
+                bench_overhead(
+                    500 if args.quick else 2_000, (100.0, 300.0, 500.0), 1 if args.quick else 3, url
+                )
+            )
+    finally:
+        if server is not None:
             server.terminate()
             server.wait(10)
-    if not missing:
-        figures.update(bench_overhead(500 if args.quick else 2_000, (500.0, 100.0)))
     path = write_result("bench_gateway", figures, args.out)
     for key, value in figures.items():
         print(f"{key}: {value}")

@@ -7,7 +7,6 @@ import shutil
 import socket
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -15,7 +14,6 @@ import pytest
 from kvpolicy.kvmodel import Request
 from kvpolicy.tenancy import (
     InMemoryStateStore,
-    RedisStateStore,
     Resources,
     StateStore,
     TokenEntitlement,
@@ -107,19 +105,10 @@ def redis_url() -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-def store_factory(request: pytest.FixtureRequest) -> Callable[[], StateStore]:
-    """Factory of empty state stores of every implementation (Redis: a fresh namespace)."""
-    if request.param == "memory":
-        return InMemoryStateStore
-    url = request.getfixturevalue("redis_url")
-    counter = iter(range(1_000_000))
-    run = uuid.uuid4().hex
-
-    def make() -> StateStore:
-        return RedisStateStore.from_url(url, namespace=f"test:{run}:{next(counter)}")
-
-    return make
+@pytest.fixture
+def store_factory() -> Callable[[], StateStore]:
+    """Factory of empty state stores (several gates over one store share its counters)."""
+    return InMemoryStateStore
 
 
 def free_port() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
@@ -208,6 +209,16 @@ class TestStateConsistency:
             gate.check(make_request("s"), -1)
         with pytest.raises(TypeError, match="'time' must be a number: None"):
             gate.check(make_request("s"), None)  # type: ignore[arg-type]
+        held = make_request("s")
+        assert gate.check(held, 0.0).admitted
+        before = (gate.usage("s"), gate.pool_state())
+        for bad in (math.nan, math.inf):
+            with pytest.raises(ValueError, match=f"'time' must be finite and >= 0: {bad}"):
+                gate.check(make_request("s"), bad)
+            with pytest.raises(ValueError, match=f"'time' must be finite and >= 0: {bad}"):
+                gate.release(held, bad)
+        assert (gate.usage("s"), gate.pool_state()) == before  # no counter changed
+        gate.release(held, 0.0)
         with pytest.raises(TypeError, match="'request' must be Request: 'r'"):
             gate.check("r", 0.0)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="'bytes_per_token' must be > 0: 0"):

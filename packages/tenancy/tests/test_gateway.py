@@ -18,6 +18,7 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
+pytest.importorskip("aiohttp")
 
 from starlette.applications import Starlette  # noqa: E402
 from starlette.requests import Request as HttpRequest  # noqa: E402
@@ -190,6 +191,21 @@ class TestGateway:
         assert bad.json()["error"]["code"] == "bad-json"
         big = httpx.post(url + "/v1/completions", content=b"x" * (2 << 20), headers=auth)
         assert big.status_code == 413
+        body = {"model": "m", "messages": msgs}
+        assert httpx.post(url + "/v1/chat/completions", json=body).status_code == 401  # no key
+        for bad_max in (-1, 0, 1.5, "8", None, True):
+            sent = httpx.post(
+                url + "/v1/chat/completions", json={**body, "max_tokens": bad_max}, headers=auth
+            )
+            assert sent.status_code == 400, bad_max
+            assert sent.json()["error"]["code"] == "max_tokens"
+            assert "'max_tokens' must be a positive integer" in sent.json()["error"]["message"]
+        nan = httpx.post(
+            url + "/v1/chat/completions",
+            content=b'{"model": "m", "messages": [], "max_tokens": NaN}',
+            headers=auth,
+        )
+        assert nan.status_code == 400
         _drained(adm)
 
     def test_429_with_retry_after(self, gateway: tuple[str, Admission]) -> None:
@@ -245,6 +261,11 @@ class TestMiddleware:
                 _client(url, "nope").completions.create(model="m", prompt="a")
             assert next(m.id for m in client.models.list()) == "m"
         assert gate.usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
+        # Debt and priority come back from Redis with each release (eqs. 1-2).
+        metrics = adm.metrics().body.decode()
+        weight = gate.priority("a")
+        assert f'kvpolicy_priority{{entitlement="a"}} {weight}' in metrics
+        assert 'kvpolicy_debt{entitlement="a"} 0.0' in metrics
 
 
 class TestReplicaGateways:

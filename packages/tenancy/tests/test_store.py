@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
-
 from kvpolicy.kvmodel import Request
 from kvpolicy.tenancy import (
     EntitlementState,
     Holding,
     PoolState,
-    RedisStateStore,
     Resources,
     StateStore,
     TokenPool,
@@ -20,7 +17,7 @@ from kvpolicy.tenancy import (
 
 
 class TestStateStore:
-    """Every store, through the ``store_factory`` fixture (Redis runs are marked slow)."""
+    """Every store, through the ``store_factory`` fixture."""
 
     def test_is_a_state_store(self, store_factory: Callable[[], StateStore]) -> None:
         """The store implements the Protocol."""
@@ -66,12 +63,3 @@ class TestStateStore:
         right.release(reqs[1], 1.0)  # admitted by the left gate
         assert left.usage("s").in_flight == 7
         assert left.pool_state() == right.pool_state()
-
-
-class TestRedisStateStore:
-    def test_bad_arguments(self) -> None:
-        """A client without the redis calls, or an empty namespace, is refused."""
-        with pytest.raises(TypeError, match="'client' must be a redis client"):
-            RedisStateStore(object())  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="'namespace' must be a non-empty str: ''"):
-            RedisStateStore(object(), "")  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from kvpolicy.tenancy._errors import ManifestError, TenancyError, UnknownRequest
 from kvpolicy.tenancy._experiments import replay_experiment
 from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
 from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy, RedisLeaseGate
-from kvpolicy.tenancy._manifest import dump_manifest, load_gate, load_manifest
+from kvpolicy.tenancy._manifest import dump_manifest, load_gate, load_lease_gate, load_manifest
 from kvpolicy.tenancy._math import (
     PriorityCoefficients,
     burst_intensity,
@@ -34,7 +34,6 @@ from kvpolicy.tenancy._math import (
     service_gap,
     update_debt,
 )
-from kvpolicy.tenancy._redis import RedisStateStore
 from kvpolicy.tenancy._shares import token_pool_gateway
 from kvpolicy.tenancy._store import (
     EntitlementState,
@@ -61,7 +60,6 @@ __all__ = [
     "PoolState",
     "PriorityCoefficients",
     "RedisLeaseGate",
-    "RedisStateStore",
     "Resources",
     "ServiceClass",
     "StateStore",
@@ -77,6 +75,7 @@ __all__ = [
     "dump_manifest",
     "ewma",
     "load_gate",
+    "load_lease_gate",
     "load_manifest",
     "manifest_schema",
     "priority_weight",

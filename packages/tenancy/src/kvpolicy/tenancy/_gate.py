@@ -123,8 +123,10 @@ class TokenPoolGate:
     neither refills a bucket nor runs an update.
 
     State lives in a :class:`StateStore`. The admission threshold is kept by each gate from
-    its own admissions and rebuilt from the store at every update, so several replicas over
-    one shared store agree on it within one update interval.
+    its own admissions and rebuilt from the store at every update, so several gates over one
+    in-process store agree on it within one update interval. Replicas in several processes
+    share a :class:`~kvpolicy.tenancy.RedisLeaseGate`, which makes these same decisions
+    atomically in Redis.
     """
 
     __slots__ = (
@@ -229,6 +231,11 @@ class TokenPoolGate:
         """The pool's tokens per second now (after any :meth:`set_capacity` or
         :meth:`scale_throughput`)."""
         return self.pool_state().capacity.tokens_per_s
+
+    @property
+    def default_entitlement(self) -> TokenEntitlement | None:
+        """The entitlement copied for tenants the pool does not name, if any."""
+        return self._default
 
     def entitlement(self, tenant: str) -> TokenEntitlement | None:
         """The entitlement that governs ``tenant`` (a copy of the default one if need be)."""

@@ -2,7 +2,9 @@
 
 Every decision and every release is one Lua script, so it runs atomically inside Redis in
 one round trip: replicas deciding at the same instant can never together exceed an
-entitlement's concurrency, token budget or KV bytes, nor the pool's. Each admitted request
+entitlement's concurrency, token budget or KV bytes, and the priority, debt and burst of
+seed 004 are computed inside the same scripts, so replicas decide as one
+:class:`~kvpolicy.tenancy.TokenPoolGate` would. Each admitted request
 is a lease with a TTL that its holder renews (:meth:`RedisLeaseGate.renew`); capacity held by
 a crashed replica comes back when its leases expire, and a late release of an expired lease
 changes nothing.
@@ -10,6 +12,7 @@ changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
@@ -20,151 +23,322 @@ from attrs.validators import ge, instance_of
 
 from kvpolicy.kvmodel import GateDecision, ModelSpec, Request
 from kvpolicy.tenancy._entitlements import TokenEntitlement, TokenPool
+from kvpolicy.tenancy._gate import GateConfig
+from kvpolicy.tenancy._math import retry_after
 
 __all__ = ["LeaseRelease", "OutagePolicy", "RedisLeaseGate"]
 
 _log = logging.getLogger("kvpolicy.tenancy")
 
-# Shared Lua: the clock, refills and freeing one lease. A lease is stored in the hash
-# ``KEYS[3]`` as "tokens kv tenant"; its expiry is its score in the sorted set ``KEYS[2]``.
+# Shared Lua: seed 004's admission state (§4.3) kept whole in Redis, so that one script is
+# one atomic decision. KEYS: pool hash, lease expiries (sorted set), lease data (hash
+# id -> "tokens kv tenant"), in-flight priorities (sorted set tenant -> weight).
+# Common ARGV: ns, now ('' = Redis's clock), update interval, alpha_slo, alpha_burst,
+# alpha_debt, gamma_d, gamma_b, pool-mean SLO, pool rate, depth, concurrency, KV bytes,
+# reserved KV bytes, reserved slots. Script ARGV start at 16.
+#
+# An entitlement hash holds its in-flight counters, token bucket, burst, debt, the tokens
+# served and pool denials of its current control interval ``k``, and its spec
+# "class_weight slo baseline_rate baseline_kv baseline_slots debt? reserved? rate depth".
+# The debt and burst updates of eqs. (2)-(3) run lazily: an entitlement is brought up to the
+# current interval when a script touches it, one interval with its served tokens and the
+# idle rest in closed form, so the update costs O(1) per decision whatever the number of
+# tenants. Weights of entitlements in flight (the admission threshold) are refreshed once
+# per interval, when a contended decision first needs them.
 _LUA_COMMON = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local ns = ARGV[1]
-local pool = KEYS[1]
-local leases = KEYS[2]
-local data = KEYS[3]
-local function num(v, d) if v then return tonumber(v) end return d end
-local function refund(key, amount)
-  local v = redis.call('HMGET', key, 'b', 'depth')
-  if v[1] and v[2] then
-    redis.call('HSET', key, 'b', math.min(tonumber(v[2]), tonumber(v[1]) + amount))
-  end
+local now = tonumber(ARGV[2])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
-local function free(id, actual)
+local I = tonumber(ARGV[3])
+local aslo, ab, ad = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local gd, gb, mean = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local prate, pdepth = tonumber(ARGV[10]), tonumber(ARGV[11])
+local pconc, pkvcap = tonumber(ARGV[12]), tonumber(ARGV[13])
+local reskv, resslots = tonumber(ARGV[14]), tonumber(ARGV[15])
+local poolkey, leases, data, prio = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local EF = {'inf', 'kv', 'tok', 'b', 'bt', 'burst', 'debt', 'served', 'cont', 'k', 'spec'}
+local PF = {'inf', 'kv', 'tok', 'b', 'bt', 'pinf', 'pkv', 'rus', 'ruk', 'k', 'wk'}
+local function fmt(x) return string.format('%.17g', x) end
+local function parse(spec)
+  local t = {}
+  for w in string.gmatch(spec, '%S+') do t[#t + 1] = tonumber(w) end
+  return {cw = t[1], slo = t[2], btps = t[3], bkv = t[4], bconc = t[5], acc = t[6],
+          prot = t[7], rate = t[8], depth = t[9]}
+end
+local function catch_up(s, K)
+  if K <= s.k then return end
+  local e, idle = s.e, K - s.k - 1
+  local served = math.max(0, s.served) / I
+  if e.acc == 1 then
+    local gap = math.max(-1, math.min(1, (e.btps - served) / e.btps))
+    if s.cont == 0 then gap = math.min(0, gap) end
+    s.debt = gd * s.debt + (1 - gd) * gap
+    s.debt = s.debt * gd ^ idle
+  end
+  local kvo = math.max(0, s.kv / e.bkv - 1)
+  local co = math.max(0, s.inf / e.bconc - 1)
+  local delta = math.max(0, served / e.btps - 1) + kvo + co
+  s.burst = gb * s.burst + (1 - gb) * delta
+  if idle > 0 then
+    local st = kvo + co
+    s.burst = st + (s.burst - st) * gb ^ idle
+  end
+  s.served, s.cont, s.k = 0, 0, K
+end
+-- The entitlement of ``tenant`` brought up to interval K; a fresh one from ``spec`` (nil
+-- when there is neither a state nor a spec).
+local function ent(tenant, spec, K)
+  local key = ns .. ':e:' .. tenant
+  local v = redis.call('HMGET', key, unpack(EF))
+  local s = {key = key, tenant = tenant}
+  if not v[4] then
+    if not spec then return nil end
+    s.new, s.spec, s.e = true, spec, parse(spec)
+    s.inf, s.kv, s.tok, s.burst, s.debt, s.served, s.cont, s.k = 0, 0, 0, 0, 0, 0, 0, K
+    s.b, s.bt = s.e.depth, now
+    return s
+  end
+  for i = 1, 10 do s[EF[i]] = tonumber(v[i]) end
+  s.spec = spec or v[11]
+  s.e = parse(s.spec)
+  catch_up(s, K)
+  return s
+end
+local function save(s, idle)
+  redis.call('HSET', s.key, 'inf', fmt(s.inf), 'kv', fmt(s.kv), 'tok', fmt(s.tok),
+             'b', fmt(s.b), 'bt', fmt(s.bt), 'burst', fmt(s.burst), 'debt', fmt(s.debt),
+             'served', fmt(s.served), 'cont', fmt(s.cont), 'k', fmt(s.k), 'spec', s.spec)
+  redis.call('EXPIRE', s.key, idle)
+end
+local function weight(s)
+  local e, d = s.e, s.debt
+  local owed
+  if d >= 0 then owed = 1 + ad * d else owed = 1 / (1 - ad * d) end
+  return e.cw / (1 + aslo * e.slo / mean) / (1 + ab * s.burst) * owed
+end
+-- The pool's state and the current interval (never earlier than one already seen).
+local function pool_state()
+  local v = redis.call('HMGET', poolkey, unpack(PF))
+  local p = {}
+  for i, f in ipairs(PF) do p[f] = tonumber(v[i]) or 0 end
+  if not v[4] then p.b = pdepth end
+  local K = math.max(math.floor(now / I), p.k)
+  p.k = K
+  return p, K
+end
+local function save_pool(p)
+  redis.call('HSET', poolkey, 'inf', fmt(p.inf), 'kv', fmt(p.kv), 'tok', fmt(p.tok),
+             'b', fmt(p.b), 'bt', fmt(p.bt), 'pinf', fmt(p.pinf), 'pkv', fmt(p.pkv),
+             'rus', fmt(p.rus), 'ruk', fmt(p.ruk), 'k', fmt(p.k), 'wk', fmt(p.wk))
+end
+-- Count one more request of ``s`` in flight (no limit checked).
+local function take(s, p, tok, kv)
+  local e, n = s.e, s.inf
+  if e.prot == 1 then
+    p.pinf = p.pinf + 1
+    p.pkv = p.pkv + kv
+    p.rus = p.rus + (math.min(n + 1, e.bconc) - math.min(n, e.bconc))
+    p.ruk = p.ruk + (math.min(s.kv + kv, e.bkv) - math.min(s.kv, e.bkv))
+  end
+  if n == 0 then redis.call('ZADD', prio, fmt(weight(s)), s.tenant) end
+  s.inf, s.kv, s.tok = n + 1, s.kv + kv, s.tok + tok
+  p.inf, p.kv, p.tok = p.inf + 1, p.kv + kv, p.tok + tok
+end
+-- Free lease ``id``; ``actual`` >= 0 books that many tokens (clamped) instead of the charge.
+local function free(id, actual, p, K, idle)
   local v = redis.call('HGET', data, id)
   if not v then return nil end
   local tok, kv, tenant = string.match(v, '^(%d+) (%d+) (.*)$')
-  tok = tonumber(tok)
-  kv = tonumber(kv)
-  local ekey = ns .. ':e:' .. tenant
-  for _, key in ipairs({ekey, pool}) do
-    if redis.call('EXISTS', key) == 1 then
-      redis.call('HINCRBY', key, 'inf', -1)
-      redis.call('HINCRBY', key, 'kv', -kv)
-      redis.call('HINCRBY', key, 'tok', -tok)
-      if actual >= 0 then refund(key, tok - math.min(actual, tok)) end
-    end
-  end
+  tok, kv = tonumber(tok), tonumber(kv)
   redis.call('HDEL', data, id)
   redis.call('ZREM', leases, id)
+  local refund = 0
+  if actual >= 0 then refund = tok - math.min(actual, tok) end
+  local s = ent(tenant, nil, K)
+  if s then
+    local e, n = s.e, s.inf
+    local st = math.max(now, s.bt)
+    s.b = math.min(e.depth, s.b + (st - s.bt) * e.rate + refund)
+    s.bt = st
+    if e.prot == 1 then
+      p.pinf = p.pinf - 1
+      p.pkv = p.pkv - kv
+      p.rus = p.rus - (math.min(n, e.bconc) - math.min(n - 1, e.bconc))
+      p.ruk = p.ruk - (math.min(s.kv, e.bkv) - math.min(s.kv - kv, e.bkv))
+    end
+    s.inf, s.kv, s.tok = n - 1, s.kv - kv, s.tok - tok
+    s.served = s.served - refund
+    save(s, idle)
+    if s.inf <= 0 then redis.call('ZREM', prio, tenant) end
+  end
+  local pt = math.max(now, p.bt)
+  p.b = math.min(pdepth, p.b + (pt - p.bt) * prate + refund)
+  p.bt = pt
+  p.inf, p.kv, p.tok = p.inf - 1, p.kv - kv, p.tok - tok
   return tok
 end
-local function reclaim(limit)
-  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, limit)
-  for _, id in ipairs(gone) do free(id, -1) end
+local function reclaim(p, K, idle, limit)
+  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', fmt(now), 'LIMIT', 0, limit)
+  for _, id in ipairs(gone) do free(id, -1, p, K, idle) end
   return #gone
 end
-local function hold(id, tenant, tok, kv, ttl, idle)
-  local ekey = ns .. ':e:' .. tenant
-  for _, key in ipairs({ekey, pool}) do
-    redis.call('HINCRBY', key, 'inf', 1)
-    redis.call('HINCRBY', key, 'kv', kv)
-    redis.call('HINCRBY', key, 'tok', tok)
+-- Admission threshold: the least weight among entitlements in flight (inf when none).
+local function threshold(p, K, idle)
+  if p.wk < K then
+    for _, t in ipairs(redis.call('ZRANGE', prio, 0, -1)) do
+      local o = ent(t, nil, K)
+      if o == nil or o.inf <= 0 then
+        redis.call('ZREM', prio, t)
+      else
+        save(o, idle)
+        redis.call('ZADD', prio, fmt(weight(o)), t)
+      end
+    end
+    p.wk = K
   end
-  redis.call('HSET', data, id, tok .. ' ' .. kv .. ' ' .. tenant)
-  redis.call('ZADD', leases, now + ttl, id)
-  redis.call('EXPIRE', ekey, idle)
+  local m = redis.call('ZRANGE', prio, 0, 0, 'WITHSCORES')
+  if #m == 0 then return math.huge end
+  return tonumber(m[2])
 end
 """
 
-# ARGV: ns, id, tenant, tokens, kv, ttl_s, idle_s,
-#       e_conc, e_rate, e_depth, e_kv, p_conc, p_rate, p_depth, p_kv
-# Returns {1, ''} or {0, reason, wait_s, in_flight, tokens_in_flight}; {-1, 'duplicate'}.
+# ARGV 16..: id, tenant, tokens, kv, ttl_s, idle_s, spec, concurrency, rate, depth, kv bytes
+# (the entitlement's limits), then reserved? ("1": within its reserved baseline is decided
+# in the script). Returns {1} admitted; {-1} duplicate; or {0, reason, slots, kv, tokens,
+# in_flight, in_flight_tokens, in_flight_kv, drain} for the Retry-After.
 _LUA_ACQUIRE = (
     _LUA_COMMON
     + """
-reclaim(8)
-local id, tenant = ARGV[2], ARGV[3]
-local tok, kv, ttl, idle = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-if redis.call('HEXISTS', data, id) == 1 then return {-1, 'duplicate'} end
-local ekey = ns .. ':e:' .. tenant
-local levels = {}
-local scopes = {{ekey, 8}, {pool, 12}}
-for i, s in ipairs(scopes) do
-  local key, a = s[1], s[2]
-  local conc, rate = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local depth, kvcap = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local v = redis.call('HMGET', key, 'inf', 'kv', 'tok', 'b', 'bt')
-  local inf, hkv, htok = num(v[1], 0), num(v[2], 0), num(v[3], 0)
-  local level = math.min(depth, num(v[4], depth) + math.max(0, now - num(v[5], now)) * rate)
-  levels[i] = {level, depth}
-  local prefix = 'entitlement-'
-  if i == 2 then prefix = 'pool-' end
-  if inf + 1 > conc then
-    return {0, prefix .. 'concurrency', '0', tostring(inf), tostring(htok), tostring(rate)}
-  end
-  if tok > level then
-    return {0, prefix .. 'tokens', tostring((tok - level) / rate), tostring(inf),
-            tostring(htok), tostring(rate)}
-  end
-  if hkv + kv > kvcap then
-    return {0, prefix .. 'kv-cache', '0', tostring(inf), tostring(htok), tostring(rate)}
+local id, tenant = ARGV[16], ARGV[17]
+local tok, kv, ttl, idle = tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV[20]), ARGV[21]
+local spec = ARGV[22]
+local conc, rate, depth, kvcap = tonumber(ARGV[23]), tonumber(ARGV[24]), tonumber(ARGV[25]),
+                                 tonumber(ARGV[26])
+if redis.call('HEXISTS', data, id) == 1 then return {-1} end
+local p, K = pool_state()
+reclaim(p, K, idle, 8)
+local s = ent(tenant, spec, K)
+local e = s.e
+local function deny(reason, a, b, c, n, t, k, drain)
+  if not s.new then save(s, idle) end
+  save_pool(p)
+  return {0, reason, fmt(a), fmt(b), fmt(c), fmt(n), fmt(t), fmt(k), fmt(drain)}
+end
+local st = math.max(now, s.bt)
+local level = math.min(depth, s.b + (st - s.bt) * rate)
+local pt = math.max(now, p.bt)
+local plevel = math.min(pdepth, p.b + (pt - p.bt) * prate)
+local drain = math.min(rate, prate)
+if s.inf + 1 > conc then return deny('concurrency', 1, 0, 0, s.inf, s.tok, s.kv, drain) end
+if tok > level then
+  return deny('tokens', 0, 0, tok - level, s.inf, s.tok, s.kv, rate)
+end
+if s.kv + kv > kvcap then
+  return deny('kv-cache', 0, s.kv + kv - kvcap, 0, s.inf, s.tok, s.kv, drain)
+end
+local reserved = e.prot == 1 and s.inf + 1 <= e.bconc and s.kv + kv <= e.bkv
+if not reserved then
+  local need_slots = p.inf + (resslots - p.rus) + 1 - pconc
+  local need_kv = p.kv + (reskv - p.ruk) + kv - pkvcap
+  local need_tok = tok - plevel
+  if need_slots > 0 or need_kv > 0 or need_tok > 0 then
+    local ok = weight(s) > threshold(p, K, idle)
+    if ok and e.prot == 1 then
+      ok = p.pinf + resslots - p.rus + 1 <= pconc and p.pkv + reskv - p.ruk + kv <= pkvcap
+    end
+    if not ok then
+      s.cont = s.cont + 1
+      s.new = false
+      return deny('priority', math.max(0, need_slots), math.max(0, need_kv),
+                  math.max(0, need_tok), p.inf, p.tok, p.kv, prate)
+    end
   end
 end
-for i, s in ipairs(scopes) do
-  redis.call('HSET', s[1], 'b', levels[i][1] - tok, 'bt', now, 'depth', levels[i][2])
-end
-hold(id, tenant, tok, kv, ttl, idle)
-return {1, ''}
+take(s, p, tok, kv)
+s.b, s.bt, s.served = level - tok, st, s.served + tok
+p.b, p.bt = plevel - tok, pt
+save(s, idle)
+save_pool(p)
+redis.call('HSET', data, id, fmt(tok) .. ' ' .. fmt(kv) .. ' ' .. tenant)
+redis.call('ZADD', leases, fmt(now + ttl), id)
+return {1}
 """
 )
 
-# ARGV: ns, id, actual (-1: charge in full). Returns {charged or -1}.
+# ARGV 16..: id, actual (-1: charge in full), idle_s. Returns {charged or -1, debt, weight}.
 _LUA_RELEASE = (
     _LUA_COMMON
     + """
-local tok = free(ARGV[2], tonumber(ARGV[3]))
-if not tok then return -1 end
-return tok
+local p, K = pool_state()
+local v = redis.call('HGET', data, ARGV[16])
+local tok = free(ARGV[16], tonumber(ARGV[17]), p, K, ARGV[18])
+save_pool(p)
+if not tok then return {-1, '0', '0'} end
+local tenant = string.match(v, '^%d+ %d+ (.*)$')
+local s = ent(tenant, nil, K)
+if not s then return {fmt(tok), '', ''} end
+return {fmt(tok), fmt(s.debt), fmt(weight(s))}
 """
 )
 
-# ARGV: ns, ttl_s, idle_s, then (id, tenant, tokens, kv) per lease held by the caller.
+# ARGV 16..: idle_s, ttl_s, then (id, tenant, tokens, kv, spec) per lease held by the caller.
 # Extends each lease; re-adopts one Redis lost (a restart, or an expiry while its holder was
 # stalled), counting it again without a limit check: the request is really running.
 # Returns {renewed, adopted, reclaimed}.
 _LUA_RENEW = (
     _LUA_COMMON
     + """
-local reclaimed = reclaim(64)
-local ttl, idle = tonumber(ARGV[2]), ARGV[3]
+local idle, ttl = ARGV[16], tonumber(ARGV[17])
+local p, K = pool_state()
+local reclaimed = reclaim(p, K, idle, 64)
 local renewed, adopted = 0, 0
-for i = 4, #ARGV, 4 do
-  local id = ARGV[i]
+for i = 18, #ARGV, 5 do
+  local id, tenant = ARGV[i], ARGV[i + 1]
   if redis.call('HEXISTS', data, id) == 1 then
-    redis.call('ZADD', leases, now + ttl, id)
-    redis.call('EXPIRE', ns .. ':e:' .. ARGV[i + 1], idle)
     renewed = renewed + 1
+    redis.call('EXPIRE', ns .. ':e:' .. tenant, idle)
   else
-    hold(id, ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]), ttl, idle)
+    local tok, kv = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+    local s = ent(tenant, ARGV[i + 4], K)
+    take(s, p, tok, kv)
+    save(s, idle)
+    redis.call('HSET', data, id, fmt(tok) .. ' ' .. fmt(kv) .. ' ' .. tenant)
     adopted = adopted + 1
   end
+  redis.call('ZADD', leases, fmt(now + ttl), id)
 end
+save_pool(p)
 return {renewed, adopted, reclaimed}
 """
 )
 
-# ARGV: ns, tenant, tokens: charge tokens served while Redis was away to both buckets.
+# ARGV 16..: idle_s, tenant, tokens, spec: book tokens served while Redis was away.
 _LUA_CHARGE = (
     _LUA_COMMON
     + """
-local amount = tonumber(ARGV[3])
-for _, key in ipairs({ns .. ':e:' .. ARGV[2], pool}) do
-  local v = redis.call('HMGET', key, 'b')
-  if v[1] then redis.call('HSET', key, 'b', tonumber(v[1]) - amount) end
-end
+local p, K = pool_state()
+local amount = tonumber(ARGV[18])
+local s = ent(ARGV[17], ARGV[19], K)
+s.b, s.served = s.b - amount, s.served + amount
+save(s, ARGV[16])
+p.b = p.b - amount
+save_pool(p)
 return 1
+"""
+)
+
+# ARGV 16..: idle_s, tenant, spec. Returns {debt, burst, weight} as of now.
+_LUA_STATE = (
+    _LUA_COMMON
+    + """
+local p, K = pool_state()
+local s = ent(ARGV[17], ARGV[18], K)
+if not s.new then save(s, ARGV[16]) end
+save_pool(p)
+return {fmt(s.debt), fmt(s.burst), fmt(weight(s))}
 """
 )
 
@@ -214,6 +388,11 @@ class LeaseRelease:
     clamped: bool = field(default=False, validator=instance_of(bool))
     """The caller reported more tokens than the request could produce; the charge was
     clamped to what was charged at admission."""
+    debt: float | None = None
+    """The entitlement's service debt after the release (``None`` when not known: Redis
+    away, or nothing released)."""
+    priority: float | None = None
+    """Its priority weight after the release (``None`` likewise)."""
 
 
 def _count(name: str, value: object) -> int:
@@ -229,21 +408,35 @@ def _text(value: Any) -> str:
 
 
 class RedisLeaseGate:
-    """Exact admission across replicas: hard limits and leases, atomically in Redis.
+    """Seed 004's admission (§4.3), exact across gateway replicas sharing one Redis.
 
-    Checks, in order and atomically: the entitlement's concurrency, token bucket (rate
-    ``tokens_per_s``, depth ``window_s`` seconds of it) and KV bytes (its burst limits, or
-    baseline), then the pool's. Reasons are ``"entitlement-concurrency"``,
-    ``"entitlement-tokens"``, ``"entitlement-kv-cache"``, the same with ``pool-``,
-    ``"oversized"`` (can never fit), ``"unknown-tenant"`` and ``"state-unavailable"``.
-    Time is Redis's clock, so replicas need no synchronised clocks.
+    Every decision, release and renewal is one Lua script: one round trip, atomic inside
+    Redis. The checks are :class:`~kvpolicy.tenancy.TokenPoolGate`'s, in its order and with
+    its reasons (``"unknown-tenant"``, ``"oversized"``, ``"concurrency"``, ``"tokens"``,
+    ``"kv-cache"``, ``"priority"``), its priority weights (eq. 1), debt (eq. 2) and burst
+    intensity (eq. 3), its admission threshold and reservations: replicas sharing one Redis
+    decide as one in-process gate would on the same sequence, and never together exceed an
+    entitlement's concurrency, token budget or KV bytes. The pool's capacity binds as in
+    :class:`~kvpolicy.tenancy.TokenPoolGate`: over a contended pool only a request whose
+    priority exceeds the threshold (or within a reservation) is admitted.
+    ``"state-unavailable"`` is the one reason of its own (see :class:`OutagePolicy`).
+
+    The debt and burst updates run inside the scripts, lazily: an entitlement is brought up
+    to date when a script touches it (the idle intervals in closed form), so the update
+    costs O(1) per decision whatever the number of tenants, and the weights of entitlements
+    with requests in flight (at most the pool's concurrency) are refreshed once per
+    ``update_interval_s``, by the first contended decision that needs the threshold.
+
+    Time is Redis's clock (``clock="redis"``: replicas need no synchronised clocks), or the
+    ``time`` given to each call (``clock="request"``: replays and simulations).
 
     A request is charged ``prompt_len + max_output_tokens`` tokens and that many tokens of KV
     at admission; :meth:`release` books what it really produced (clamped to the charge).
+    Each admitted request is a lease with a TTL that its holder renews (:meth:`renew`).
 
     Keys live under ``{namespace}`` (a Redis Cluster hash tag): ``:pool``, ``:leases``,
-    ``:lease-data`` and ``:e:<tenant>``. An entitlement's key expires ``idle_ttl_s`` after
-    its last admission or renewal, so tenants without traffic leave no state behind.
+    ``:lease-data``, ``:priority`` and ``:e:<tenant>``. An entitlement's key expires
+    ``idle_ttl_s`` after it was last touched, so tenants without traffic leave no state.
     """
 
     def __init__(
@@ -252,16 +445,33 @@ class RedisLeaseGate:
         bytes_per_token: int | ModelSpec,
         client: Any,
         *,
+        config: GateConfig | None = None,
         namespace: str = "kvpolicy",
-        window_s: float = 60.0,
+        clock: str = "redis",
         lease_ttl_s: float = 30.0,
         idle_ttl_s: float = 3600.0,
         outage: OutagePolicy | None = None,
         default_entitlement: TokenEntitlement | None = None,
-        min_retry_s: float = 0.05,
-        max_retry_s: float = 60.0,
+        async_client: Any = None,
     ) -> None:
-        """Build a gate over a redis-py client (``redis.Redis``; see :meth:`from_url`)."""
+        """Build a gate over a redis-py client (``redis.Redis``; see :meth:`from_url`).
+
+        Args:
+            pool: the pool and its entitlements.
+            bytes_per_token: KV bytes of one token, or a model whose KV size gives it.
+            client: a redis-py client.
+            config: coefficients, control interval, bucket window and Retry-After bounds
+                (those of :class:`~kvpolicy.tenancy.TokenPoolGate`); defaults when ``None``.
+            namespace: key prefix; replicas of one pool share it.
+            clock: ``"redis"`` (Redis's clock) or ``"request"`` (the ``time`` of each call).
+            lease_ttl_s: lease lifetime without renewal, seconds.
+            idle_ttl_s: lifetime of an entitlement's state without traffic, seconds.
+            outage: what to do while Redis is away; defaults when ``None``.
+            default_entitlement: the entitlement of a tenant the pool does not name; ``None``
+                denies such requests with ``"unknown-tenant"``. It may not reserve capacity.
+            async_client: a ``redis.asyncio.Redis`` on the same server, for :meth:`acheck`
+                (used from one event loop); ``None`` runs :meth:`check` in a thread instead.
+        """
         if not isinstance(pool, TokenPool):
             raise TypeError(f"'pool' must be TokenPool: {pool!r}")
         if isinstance(bytes_per_token, ModelSpec):
@@ -269,35 +479,68 @@ class RedisLeaseGate:
         self._bpt = _count("bytes_per_token", bytes_per_token)
         if self._bpt == 0:
             raise ValueError("'bytes_per_token' must be > 0: 0")
+        config = GateConfig() if config is None else config
+        if not isinstance(config, GateConfig):
+            raise TypeError(f"'config' must be GateConfig: {config!r}")
         if not isinstance(namespace, str) or not namespace:
             raise ValueError(f"'namespace' must be a non-empty str: {namespace!r}")
-        for name, value in (
-            ("window_s", window_s),
-            ("lease_ttl_s", lease_ttl_s),
-            ("idle_ttl_s", idle_ttl_s),
-            ("min_retry_s", min_retry_s),
-            ("max_retry_s", max_retry_s),
-        ):
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        if clock not in ("redis", "request"):
+            raise ValueError(f"'clock' must be 'redis' or 'request': {clock!r}")
+        for name, value in (("lease_ttl_s", lease_ttl_s), ("idle_ttl_s", idle_ttl_s)):
+            if not (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value > 0
+            ):
                 raise ValueError(f"'{name}' must be finite and > 0: {value!r}")
-        if default_entitlement is not None and not isinstance(
-            default_entitlement, TokenEntitlement
-        ):
-            raise TypeError(
-                f"'default_entitlement' must be TokenEntitlement: {default_entitlement!r}"
-            )
+        if default_entitlement is not None:
+            if not isinstance(default_entitlement, TokenEntitlement):
+                raise TypeError(
+                    f"'default_entitlement' must be TokenEntitlement: {default_entitlement!r}"
+                )
+            if default_entitlement.service_class.protected:
+                raise ValueError(
+                    "'default_entitlement' must not reserve capacity: service class "
+                    f"{default_entitlement.service_class.name!r}"
+                )
         self._pool = pool
+        self._config = config
         self._client = client
+        self._clock = clock
         self._ns = "{" + namespace + "}"
-        self._keys = [f"{self._ns}:pool", f"{self._ns}:leases", f"{self._ns}:lease-data"]
-        self._window = float(window_s)
+        self._keys = [
+            f"{self._ns}:pool",
+            f"{self._ns}:leases",
+            f"{self._ns}:lease-data",
+            f"{self._ns}:priority",
+        ]
+        self._window = config.window_s
         self._ttl = float(lease_ttl_s)
         self._idle = max(math.ceil(idle_ttl_s), math.ceil(lease_ttl_s) + 1)
         self._outage = OutagePolicy() if outage is None else outage
         self._default = default_entitlement
-        self._min_retry = float(min_retry_s)
-        self._max_retry = float(max_retry_s)
         self._ents = {e.tenant: e for e in pool.entitlements}
+        cap, c = pool.capacity, config.coefficients
+        _, res_kv, res_slots = pool.reserved
+        self._common: list[Any] = [
+            self._ns,
+            "",
+            repr(config.update_interval_s),
+            repr(c.alpha_slo),
+            repr(c.alpha_burst),
+            repr(c.alpha_debt),
+            repr(c.gamma_d),
+            repr(c.gamma_b),
+            repr(pool.mean_slo_s),
+            repr(cap.tokens_per_s),
+            repr(cap.tokens_per_s * self._window),
+            cap.concurrency,
+            cap.kv_bytes,
+            res_kv,
+            res_slots,
+        ]
+        self._specs: dict[str, str] = {}
         self._lock = threading.Lock()
         self._held: dict[str, tuple[str, int, int]] = {}  # leases this replica holds
         self._local: dict[str, int] = {}  # tenant -> leases admitted while Redis was away
@@ -308,21 +551,29 @@ class RedisLeaseGate:
         self._release = client.register_script(_LUA_RELEASE)
         self._renew = client.register_script(_LUA_RENEW)
         self._charge = client.register_script(_LUA_CHARGE)
+        self._state = client.register_script(_LUA_STATE)
+        self._aclient = async_client
+        if async_client is not None:
+            self._aacquire = async_client.register_script(_LUA_ACQUIRE)
+            self._arelease = async_client.register_script(_LUA_RELEASE)
 
     @classmethod
     def from_url(
         cls, pool: TokenPool, bytes_per_token: int | ModelSpec, url: str, **kwargs: Any
     ) -> RedisLeaseGate:
-        """Connect to ``url`` (``redis://host:port/db``) with redis-py (the ``redis`` extra)."""
+        """Connect to ``url`` (``redis://host:port/db``) with redis-py (the ``redis`` extra),
+        with a blocking client and an asyncio one (for :meth:`acheck`)."""
         import redis
+        import redis.asyncio
 
         outage = kwargs.get("outage") or OutagePolicy()
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=outage.timeout_s,
-            socket_connect_timeout=outage.timeout_s,
-            retry_on_timeout=False,
-        )
+        opts: dict[str, Any] = {
+            "socket_timeout": outage.timeout_s,
+            "socket_connect_timeout": outage.timeout_s,
+            "retry_on_timeout": False,
+        }
+        client = redis.Redis.from_url(url, **opts)
+        kwargs.setdefault("async_client", redis.asyncio.Redis.from_url(url, **opts))
         return cls(pool, bytes_per_token, client, **kwargs)
 
     # -- inspection --------------------------------------------------------------------
@@ -331,6 +582,11 @@ class RedisLeaseGate:
     def pool(self) -> TokenPool:
         """The pool and its entitlements."""
         return self._pool
+
+    @property
+    def config(self) -> GateConfig:
+        """The gate's settings."""
+        return self._config
 
     def entitlement(self, tenant: str) -> TokenEntitlement | None:
         """The entitlement governing ``tenant`` (the default one if the pool has none)."""
@@ -348,6 +604,29 @@ class RedisLeaseGate:
         raw = self._client.hmget(key, "inf", "kv", "tok")
         inf, kv, tok = (int(_text(v)) if v is not None else 0 for v in raw)
         return {"in_flight": inf, "kv_bytes": kv, "tokens": tok}
+
+    def state(self, tenant: str, time: float | None = None) -> tuple[float, float, float]:
+        """``(debt, burst, priority)`` of ``tenant``'s entitlement as of ``time`` (Redis's
+        clock when ``clock="redis"``): eqs. (2), (3) and (1). One round trip.
+
+        Raises:
+            KeyError: the tenant has no entitlement and there is no default one.
+        """
+        ent = self.entitlement(tenant)
+        if ent is None:
+            raise KeyError(f"'tenant' has no entitlement: {tenant!r}")
+        args = [*self._args(time), self._idle, tenant, self._spec(tenant, ent)]
+        res = self._state(keys=self._keys, args=args)
+        debt, burst, weight = (float(_text(v)) for v in res)
+        return debt, burst, weight
+
+    def debt(self, tenant: str, time: float | None = None) -> float:
+        """Service debt ``d_e`` (eq. 2) of ``tenant``."""
+        return self.state(tenant, time)[0]
+
+    def priority(self, tenant: str, time: float | None = None) -> float:
+        """Priority weight ``w_e`` (eq. 1) of ``tenant``."""
+        return self.state(tenant, time)[2]
 
     # -- decisions ---------------------------------------------------------------------
 
@@ -371,53 +650,98 @@ class RedisLeaseGate:
     ) -> GateDecision:
         """Admit ``request`` (a lease held until :meth:`release`), or deny it.
 
-        ``time`` is accepted for kvmodel's ``RequestGate`` shape and ignored: Redis's clock
-        decides. ``max_output_tokens`` overrides the entitlement's (a request's
-        ``max_tokens``).
+        ``time`` (seconds) is the clock with ``clock="request"`` and ignored otherwise.
+        ``max_output_tokens`` overrides the entitlement's (a request's ``max_tokens``).
 
         Raises:
-            TypeError: ``request`` is not a Request, or ``max_output_tokens`` not an int.
-            ValueError: ``max_output_tokens`` is negative; ``request`` is already held by
-                this gate. Nothing changes.
+            TypeError: ``request`` is not a Request, ``max_output_tokens`` not an int, or
+                ``time`` not a number.
+            ValueError: ``max_output_tokens`` or ``time`` is negative (or ``time`` missing
+                with ``clock="request"``); ``request`` is already held. Nothing changes.
         """
-        if not isinstance(request, Request):
-            raise TypeError(f"'request' must be Request: {request!r}")
-        if max_output_tokens is not None:
-            _count("max_output_tokens", max_output_tokens)
-        rid = request.request_id
-        if rid in self._held:
-            raise ValueError(f"'request' {rid!r} is already admitted and not released")
-        ent = self.entitlement(request.tenant)
-        if ent is None:
-            return GateDecision(False, self._max_retry, "unknown-tenant")
-        out = ent.max_output_tokens if max_output_tokens is None else max_output_tokens
-        tok = request.prompt_len + out
-        kv = tok * self._bpt
-        if tok > self.max_request_tokens(request.tenant):
-            return GateDecision(False, self._max_retry, "oversized")
-        lim, cap = ent.limits, self._pool.capacity
-        args = [
-            self._ns,
-            rid,
-            request.tenant,
-            tok,
-            kv,
-            self._ttl,
-            self._idle,
-            lim.concurrency,
-            lim.tokens_per_s,
-            lim.tokens_per_s * self._window,
-            lim.kv_bytes,
-            cap.concurrency,
-            cap.tokens_per_s,
-            cap.tokens_per_s * self._window,
-            cap.kv_bytes,
-        ]
+        prepared = self._prepare(request, time, max_output_tokens)
+        if isinstance(prepared, GateDecision):
+            return prepared
+        ent, tok, kv, args = prepared
         try:
             self._reconcile()
             res = self._acquire(keys=self._keys, args=args)
         except _redis_errors() as err:
-            return self._check_locally(rid, request.tenant, ent, tok, kv, err)
+            return self._check_locally(request.request_id, request.tenant, ent, tok, kv, err)
+        return self._decided(request, tok, kv, res)
+
+    async def acheck(
+        self, request: Request, time: float | None = None, *, max_output_tokens: int | None = None
+    ) -> GateDecision:
+        """:meth:`check` on an asyncio event loop: the round trip does not block the loop.
+
+        It needs the asyncio client of :meth:`from_url` (``async_client``); without one it
+        runs :meth:`check` in a worker thread. Same arguments, results and errors.
+        """
+        if self._aclient is None:
+            return await asyncio.to_thread(
+                self.check, request, time, max_output_tokens=max_output_tokens
+            )
+        prepared = self._prepare(request, time, max_output_tokens)
+        if isinstance(prepared, GateDecision):
+            return prepared
+        ent, tok, kv, args = prepared
+        try:
+            if self._local_ids or self._pending_release or self._pending_charge:
+                await asyncio.to_thread(self._reconcile)
+            res = await self._aacquire(keys=self._keys, args=args)
+        except _redis_errors() as err:
+            return self._check_locally(request.request_id, request.tenant, ent, tok, kv, err)
+        return self._decided(request, tok, kv, res)
+
+    async def aclose(self) -> None:
+        """Close the asyncio client's connections (at the end of its event loop); it
+        reconnects if used again."""
+        if self._aclient is not None:
+            await self._aclient.aclose()
+
+    def _prepare(
+        self, request: Request, time: float | None, max_output_tokens: int | None
+    ) -> GateDecision | tuple[TokenEntitlement, int, int, list[Any]]:
+        """Check the arguments; a decision that needs no Redis, or the script's arguments."""
+        if not isinstance(request, Request):
+            raise TypeError(f"'request' must be Request: {request!r}")
+        if max_output_tokens is not None:
+            _count("max_output_tokens", max_output_tokens)
+        common = self._args(time)
+        rid = request.request_id
+        if rid in self._held:
+            raise ValueError(f"'request' {rid!r} is already admitted and not released")
+        tenant = request.tenant
+        ent = self.entitlement(tenant)
+        cfg = self._config
+        if ent is None:
+            return GateDecision(False, cfg.max_retry_s, "unknown-tenant")
+        out = ent.max_output_tokens if max_output_tokens is None else max_output_tokens
+        tok = request.prompt_len + out
+        kv = tok * self._bpt
+        if tok > self.max_request_tokens(tenant):
+            return GateDecision(False, cfg.max_retry_s, "oversized")
+        lim = ent.limits
+        args = [
+            *common,
+            rid,
+            tenant,
+            tok,
+            kv,
+            repr(self._ttl),
+            self._idle,
+            self._spec(tenant, ent),
+            lim.concurrency,
+            repr(lim.tokens_per_s),
+            repr(lim.tokens_per_s * self._window),
+            lim.kv_bytes,
+        ]
+        return ent, tok, kv, args
+
+    def _decided(self, request: Request, tok: int, kv: int, res: Any) -> GateDecision:
+        """The decision from the acquire script's answer ``res``."""
+        rid = request.request_id
         status = int(res[0])
         if status == -1:
             raise ValueError(f"'request' {rid!r} is already admitted and not released")
@@ -425,27 +749,83 @@ class RedisLeaseGate:
             with self._lock:
                 self._held[rid] = (request.tenant, tok, kv)
             return GateDecision(admitted=True)
-        reason = _text(res[1])
-        wait, inf, htok, rate = (float(_text(v)) for v in res[2:6])
-        if wait <= 0:  # a slot or KV bytes: when in-flight work drains at ``rate``
-            wait = self._max_retry if inf <= 0 or htok <= 0 else htok / (rate * inf)
-        return GateDecision(False, min(self._max_retry, max(self._min_retry, wait)), reason)
+        cfg = self._config
+        slots, need_kv, need_tok, inf, htok, hkv, drain = (float(_text(v)) for v in res[2:9])
+        wait = retry_after(
+            slots_needed=slots,
+            kv_bytes_needed=need_kv,
+            tokens_needed=need_tok,
+            in_flight=max(0, int(inf)),
+            in_flight_tokens=max(0.0, htok),
+            in_flight_kv_bytes=max(0.0, hkv),
+            drain_tokens_per_s=drain,
+            min_s=cfg.min_retry_s,
+            max_s=cfg.max_retry_s,
+        )
+        return GateDecision(False, wait, _text(res[1]))
 
-    def release(self, request: Request | str, produced_tokens: int | None = None) -> LeaseRelease:
+    def release(
+        self,
+        request: Request | str,
+        produced_tokens: int | None = None,
+        *,
+        time: float | None = None,
+    ) -> LeaseRelease:
         """Free what ``request`` (or its id) holds and book the tokens it really produced.
 
         ``produced_tokens`` counts prompt and output tokens (``None``: the full charge stays).
         More than the charge is clamped to it and logged, never charged. Releasing twice,
         releasing a request never admitted, or releasing after the lease expired changes
-        nothing and returns ``released=False``.
+        nothing and returns ``released=False``. The served tokens feed the entitlement's
+        debt and burst at the end of the control interval.
 
         Raises:
-            TypeError, ValueError: ``produced_tokens`` is not a non-negative int.
+            TypeError, ValueError: ``produced_tokens`` is not a non-negative int, or ``time``
+                is not a valid time (see :meth:`check`). Nothing changes.
         """
+        prepared = self._prepare_release(request, produced_tokens, time)
+        if isinstance(prepared, LeaseRelease):
+            return prepared
+        rid, actual, mine, clamped, args = prepared
+        try:
+            self._reconcile()
+            res = self._release(keys=self._keys, args=args)
+        except _redis_errors():
+            return self._release_later(rid, actual, mine, clamped)
+        return self._released(res, actual, clamped)
+
+    async def arelease(
+        self,
+        request: Request | str,
+        produced_tokens: int | None = None,
+        *,
+        time: float | None = None,
+    ) -> LeaseRelease:
+        """:meth:`release` on an asyncio event loop (see :meth:`acheck`)."""
+        if self._aclient is None:
+            return await asyncio.to_thread(self.release, request, produced_tokens, time=time)
+        prepared = self._prepare_release(request, produced_tokens, time)
+        if isinstance(prepared, LeaseRelease):
+            return prepared
+        rid, actual, mine, clamped, args = prepared
+        try:
+            if self._local_ids or self._pending_release or self._pending_charge:
+                await asyncio.to_thread(self._reconcile)
+            res = await self._arelease(keys=self._keys, args=args)
+        except _redis_errors():
+            return self._release_later(rid, actual, mine, clamped)
+        return self._released(res, actual, clamped)
+
+    def _prepare_release(
+        self, request: Request | str, produced_tokens: int | None, time: float | None
+    ) -> LeaseRelease | tuple[str, int, tuple[str, int, int] | None, bool, list[Any]]:
+        """Check the arguments and forget the lease here; a result that needs no Redis, or
+        what the release script needs."""
         rid = request.request_id if isinstance(request, Request) else request
         if not isinstance(rid, str):
             raise TypeError(f"'request' must be Request or str: {request!r}")
         actual = -1 if produced_tokens is None else _count("produced_tokens", produced_tokens)
+        common = self._args(time)
         with self._lock:
             mine = self._held.pop(rid, None)
         clamped = mine is not None and actual > mine[1]
@@ -458,22 +838,32 @@ class RedisLeaseGate:
             )
         if mine is not None and rid in self._local_ids:
             return self._release_locally(rid, mine, actual)
-        try:
-            self._reconcile()
-            charged = int(self._release(keys=self._keys, args=[self._ns, rid, actual]))
-        except _redis_errors():
-            if mine is None:
-                return LeaseRelease(False, 0)
-            with self._lock:
-                self._pending_release[rid] = actual
-            tok = mine[1] if actual < 0 else min(actual, mine[1])
-            return LeaseRelease(True, tok, clamped)
+        return rid, actual, mine, clamped, [*common, rid, actual, self._idle]
+
+    def _release_later(
+        self, rid: str, actual: int, mine: tuple[str, int, int] | None, clamped: bool
+    ) -> LeaseRelease:
+        """Redis is away: replay the release when it answers again."""
+        if mine is None:
+            return LeaseRelease(False, 0)
+        with self._lock:
+            self._pending_release[rid] = actual
+        tok = mine[1] if actual < 0 else min(actual, mine[1])
+        return LeaseRelease(True, tok, clamped)
+
+    @staticmethod
+    def _released(res: Any, actual: int, clamped: bool) -> LeaseRelease:
+        """The outcome from the release script's answer ``res``."""
+        charged = int(_text(res[0]))
         if charged < 0:
             return LeaseRelease(False, 0)
         tok = charged if actual < 0 else min(actual, charged)
-        return LeaseRelease(True, tok, clamped)
+        debt, weight = _text(res[1]), _text(res[2])
+        if not debt:  # the entitlement's state expired while the lease lived
+            return LeaseRelease(True, tok, clamped)
+        return LeaseRelease(True, tok, clamped, float(debt), float(weight))
 
-    def renew(self) -> tuple[int, int, int]:
+    def renew(self, time: float | None = None) -> tuple[int, int, int]:
         """Extend every lease this replica holds (call it every ``lease_ttl_s / 3``), adopt
         those Redis lost, reclaim expired leases of any replica, and reconcile what was
         decided while Redis was away. One round trip.
@@ -484,13 +874,57 @@ class RedisLeaseGate:
         Raises:
             redis.exceptions.ConnectionError: Redis is still away (nothing is lost).
         """
+        common = self._args(time)
         self._reconcile()
-        args: list[Any] = [self._ns, self._ttl, self._idle]
         with self._lock:
-            for rid, (tenant, tok, kv) in self._held.items():
-                args += [rid, tenant, tok, kv]
-        res = self._renew(keys=self._keys, args=args)
+            held = list(self._held.items())
+        res = self._renew(keys=self._keys, args=self._renew_args(common, held))
         return int(res[0]), int(res[1]), int(res[2])
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _args(self, time: float | None) -> list[Any]:
+        if self._clock == "redis":
+            return self._common
+        if time is None:
+            raise ValueError("'time' is required with clock='request': None")
+        if isinstance(time, bool) or not isinstance(time, int | float):
+            raise TypeError(f"'time' must be a number: {time!r}")
+        if not (math.isfinite(time) and time >= 0):
+            raise ValueError(f"'time' must be finite and >= 0: {time!r}")
+        args = list(self._common)
+        args[1] = repr(float(time))
+        return args
+
+    def _spec(self, tenant: str, ent: TokenEntitlement) -> str:
+        spec = self._specs.get(tenant)
+        if spec is None:
+            cls, base, lim = ent.service_class, ent.baseline, ent.limits
+            spec = " ".join(
+                (
+                    repr(cls.weight),
+                    repr(ent.slo_target_s),
+                    repr(base.tokens_per_s),
+                    str(base.kv_bytes),
+                    str(base.concurrency),
+                    "1" if cls.accumulates_debt else "0",
+                    "1" if cls.protected else "0",
+                    repr(lim.tokens_per_s),
+                    repr(lim.tokens_per_s * self._window),
+                )
+            )
+            self._specs[tenant] = spec
+        return spec
+
+    def _renew_args(
+        self, common: list[Any], held: list[tuple[str, tuple[str, int, int]]]
+    ) -> list[Any]:
+        args: list[Any] = [*common, self._idle, repr(self._ttl)]
+        for rid, (tenant, tok, kv) in held:
+            ent = self.entitlement(tenant)
+            assert ent is not None  # held leases were admitted under an entitlement
+            args += [rid, tenant, tok, kv, self._spec(tenant, ent)]
+        return args
 
     # -- outage --------------------------------------------------------------------------
 
@@ -502,7 +936,7 @@ class RedisLeaseGate:
         with self._lock:
             if self._local.get(tenant, 0) >= allowance:
                 _log.warning("redis unavailable (%s): %r denied", err, rid)
-                return GateDecision(False, self._min_retry * 20, "state-unavailable")
+                return GateDecision(False, self._config.min_retry_s * 20, "state-unavailable")
             self._local[tenant] = self._local.get(tenant, 0) + 1
             self._local_ids.add(rid)
             self._held[rid] = (tenant, tok, kv)
@@ -521,25 +955,26 @@ class RedisLeaseGate:
         """Push what happened while Redis was away (raises while it still is)."""
         if not (self._local_ids or self._pending_release or self._pending_charge):
             return
+        common = self._common
         with self._lock:
             adopt = [(r, self._held[r]) for r in self._local_ids if r in self._held]
             releases = dict(self._pending_release)
             charges = dict(self._pending_charge)
         if adopt:
-            args: list[Any] = [self._ns, self._ttl, self._idle]
-            for rid, (tenant, tok, kv) in adopt:
-                args += [rid, tenant, tok, kv]
-            self._renew(keys=self._keys, args=args)
+            self._renew(keys=self._keys, args=self._renew_args(common, adopt))
             with self._lock:
                 for rid, (tenant, _, _) in adopt:
                     self._local_ids.discard(rid)
                     self._local[tenant] -= 1
         for rid, actual in releases.items():
-            self._release(keys=self._keys, args=[self._ns, rid, actual])
+            self._release(keys=self._keys, args=[*common, rid, actual, self._idle])
             with self._lock:
                 self._pending_release.pop(rid, None)
         for tenant, amount in charges.items():
-            self._charge(keys=self._keys, args=[self._ns, tenant, amount])
+            ent = self.entitlement(tenant)
+            assert ent is not None
+            spec = self._spec(tenant, ent)
+            self._charge(keys=self._keys, args=[*common, self._idle, tenant, amount, spec])
             with self._lock:
                 self._pending_charge[tenant] -= amount
                 if not self._pending_charge[tenant]:

@@ -13,10 +13,11 @@ from kvpolicy.kvmodel import ModelSpec
 from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool
 from kvpolicy.tenancy._errors import ManifestError
 from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
+from kvpolicy.tenancy._lease import RedisLeaseGate
 from kvpolicy.tenancy._math import PriorityCoefficients
 from kvpolicy.tenancy._store import StateStore
 
-__all__ = ["dump_manifest", "load_gate", "load_manifest"]
+__all__ = ["dump_manifest", "load_gate", "load_lease_gate", "load_manifest"]
 
 _GIB = 2**30
 _RESOURCE_KEYS = frozenset({"tokens_per_s", "kv_bytes", "kv_cache_gib", "concurrency"})
@@ -205,6 +206,30 @@ def load_gate(
         )
     except ValueError as err:
         raise ManifestError(f"default: {err}") from err
+
+
+def load_lease_gate(
+    source: Mapping[str, Any] | str | os.PathLike[str],
+    bytes_per_token: int | ModelSpec,
+    url: str,
+    **kwargs: Any,
+) -> RedisLeaseGate:
+    """A :class:`~kvpolicy.tenancy.RedisLeaseGate` over the Redis at ``url`` from a manifest
+    with the ``default`` and ``gate`` sections of :func:`load_gate` (``kwargs``: the gate's
+    other settings, e.g. ``namespace``).
+
+    Raises:
+        ManifestError: as :func:`load_gate`.
+    """
+    gate = load_gate(source, bytes_per_token)
+    return RedisLeaseGate.from_url(
+        gate.pool,
+        bytes_per_token,
+        url,
+        config=gate.config,
+        default_entitlement=gate.default_entitlement,
+        **kwargs,
+    )
 
 
 def _read(path: pathlib.Path) -> Any:

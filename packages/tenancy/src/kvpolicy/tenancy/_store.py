@@ -1,4 +1,4 @@
-"""Per-entitlement and per-pool gate state, and where it is kept (§4.3: Redis in the paper)."""
+"""Per-entitlement and per-pool gate state, and where an in-process gate keeps it (§4.3)."""
 
 from __future__ import annotations
 
@@ -83,9 +83,11 @@ class Holding:
 class StateStore(Protocol):
     """Where a :class:`TokenPoolGate` keeps its state.
 
-    The in-memory store serves one gateway; a shared store (Redis in the paper) lets several
-    gateway replicas see the same counters. A gate reads, computes every new value, then
-    writes, so a store sees no partial update of one decision.
+    The in-memory store serves one gateway process (several gates in it may share one). A
+    gate reads, computes every new value, then writes, so a store sees no partial update of
+    one decision; that read-decide-write is atomic only within one process, so replicas in
+    several processes share a :class:`~kvpolicy.tenancy.RedisLeaseGate` instead, whose
+    decisions are Lua scripts atomic inside Redis.
     """
 
     def entitlement(self, tenant: str) -> EntitlementState | None:

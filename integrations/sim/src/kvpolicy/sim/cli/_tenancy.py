@@ -63,7 +63,7 @@ def serve(
     try:
         import uvicorn
 
-        from kvpolicy.tenancy import RedisLeaseGate
+        from kvpolicy.tenancy import load_lease_gate
         from kvpolicy.tenancy.gateway import Admission, LocalGate, create_app, load_api_keys
     except ImportError as err:
         raise click.ClickException(
@@ -73,7 +73,7 @@ def serve(
     try:
         keys = load_api_keys(api_keys)
         if redis_url:
-            gate: Any = RedisLeaseGate.from_url(load_manifest(config), bytes_per_token, redis_url)
+            gate: Any = load_lease_gate(config, bytes_per_token, redis_url)
         else:
             gate = LocalGate(load_gate(config, bytes_per_token))
     except (ManifestError, ValueError) as err:
