@@ -33,6 +33,7 @@ from kvpolicy.kvmodel._protocols import (
     PrefixStore,
     PromptObserver,
     RequestGate,
+    Scheduled,
 )
 from kvpolicy.kvmodel._registry import (
     ADMISSION,
@@ -106,6 +107,7 @@ __all__ = [
     "RequestGate",
     "ResidencyError",
     "ResidencyLedger",
+    "Scheduled",
     "SchedulerState",
     "SequenceView",
     "ServerContext",
