@@ -18,7 +18,6 @@ unknown request, writing to a shared block) raises :class:`BlockPoolError`.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from operator import itemgetter
 
@@ -151,9 +150,12 @@ class BlockPool:
         "_fill",
         "_free",
         "_has_content",
+        "_head",
         "_num_blocks",
         "_prefix_caching",
+        "_queue",
         "_ref",
+        "_stale",
         "_tables",
         "_tokens",
     )
@@ -177,10 +179,21 @@ class BlockPool:
         # Owners of each block. A block on the free list keeps 1, the count it has once
         # taken, so that allocation and release touch no count of an unshared block.
         self._ref = [1] * num_blocks
-        self._fill = [0] * num_blocks  # filled token slots of each owned block
+        # Filled token slots of each block. Only the last block of a table may be partly
+        # filled, and a free block counts as full, so a fresh block needs a write only
+        # when it becomes a table's partial last block.
+        self._fill = [block_size] * num_blocks
         self._content: list[list[int] | None] = [None] * num_blocks
         self._has_content = False  # whether any token ids were ever recorded
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # The free list, least recently freed first: ``_queue[_head:]`` in order, with
+        # ``_free`` the same blocks as a set. A cached block taken back from the middle of
+        # the list (a prefix hit) leaves its entry behind: ``_stale[b]`` counts such dead
+        # entries of block b, which always come before its live one. Freeing and allocating
+        # are then list and set operations over whole runs of blocks, not one at a time.
+        self._free: set[int] = set(range(num_blocks))
+        self._queue: list[int] = list(range(num_blocks))
+        self._head = 0
+        self._stale: dict[int, int] = {}
         self._tables: dict[str, list[int]] = {}
         self._tokens: dict[str, int] = {}
         self._block_hash: dict[int, int] = {}
@@ -350,13 +363,10 @@ class BlockPool:
         table.extend(self._pop_many(fresh))
         self._tables[request_id] = table
         cached_tokens = len(hits) * bs
-        # Hit blocks are already full; fill the fresh ones: all full but maybe the last.
-        fill = self._fill
+        # Hit blocks and fresh ones are full, but maybe the last.
         start = len(hits)
-        for b in table[start:]:
-            fill[b] = bs
         if fresh and num_tokens % bs:
-            fill[table[-1]] = num_tokens % bs
+            self._fill[table[-1]] = num_tokens % bs
         if token_ids is not None:
             self._has_content = True
             for i in range(start, len(table)):
@@ -407,9 +417,7 @@ class BlockPool:
                 fill[table[-1]] += add
                 rest -= add
             if new_blocks:
-                fresh = self._pop_many(new_blocks)
-                for b in fresh:
-                    fill[b] = bs
+                fresh = self._pop_many(new_blocks)  # full, but the last
                 fill[fresh[-1]] = rest - (new_blocks - 1) * bs
                 table.extend(fresh)
             self._tokens[request_id] = have + num_tokens
@@ -499,18 +507,23 @@ class BlockPool:
             raise BlockPoolError(f"unknown request {request_id!r} (never allocated or freed)")
         del self._tokens[request_id]
         # Last blocks first, so that a prompt's first blocks stay cached the longest.
-        ref, free = self._ref, self._free
+        ref = self._ref
         order = table[::-1]
         n = len(order)
         owners = itemgetter(*order)(ref) if n > 1 else tuple(ref[b] for b in order)
         if owners.count(1) == n:  # nobody else owns any: all go back, counts stay 1
-            free.update(dict.fromkeys(order))
+            self._release(order)
+            if n:
+                self._fill[order[0]] = self._block_size  # the only one maybe partial
             return
+        back = []
         for b in order:
             if ref[b] == 1:
-                free[b] = None
+                back.append(b)
+                self._fill[b] = self._block_size
             else:
                 ref[b] -= 1
+        self._release(back)
 
     def truncate(self, request_id: str, num_tokens: int) -> None:
         """Drop tokens past ``num_tokens`` (rollback of speculative tokens), freeing whole
@@ -527,11 +540,14 @@ class BlockPool:
             and self.copy_on_write(request_id, keep - 1) is None
         ):
             raise BlockPoolError(f"no free block to copy before truncating {request_id!r}")
+        back = []
         for b in table[keep:]:
             if self._ref[b] == 1:
-                self._free[b] = None
+                back.append(b)
+                self._fill[b] = self._block_size
             else:
                 self._ref[b] -= 1
+        self._release(back)
         del table[keep:]
         if keep:
             last = table[-1]
@@ -561,17 +577,43 @@ class BlockPool:
     def _take(self, block: int) -> None:
         free = self._free
         if block in free:
-            del free[block]  # its count is 1 already
+            free.remove(block)  # its count is 1 already; its entry in the queue is dead
+            self._stale[block] = self._stale.get(block, 0) + 1
         else:
             self._ref[block] += 1
+
+    def _release(self, blocks: list[int]) -> None:
+        """Put owned-once ``blocks`` at the tail of the free list, in order."""
+        self._queue.extend(blocks)
+        self._free.update(blocks)
 
     def _pop_many(self, n: int) -> list[int]:
         """Take ``n`` blocks from the head of the free list (least recently freed first),
         dropping their cached hashes (recorded for offload when asked) and content; each is
-        owned once. The caller sets their fill. This is the allocation hot path: a block
-        with no hash and no content costs one pop."""
-        popitem = self._free.popitem
-        out = [popitem(False)[0] for _ in range(n)]
+        owned once and full (the caller sets the fill of a partial one). This is the
+        allocation hot path: a block with no hash and no content costs one pop."""
+        queue, head = self._queue, self._head
+        if not self._stale:  # no dead entry: the next n entries are the blocks
+            out = queue[head : head + n]
+            head += n
+        else:
+            stale = self._stale
+            out = []
+            while len(out) < n:
+                block = queue[head]
+                head += 1
+                dead = stale.get(block)
+                if dead is None:
+                    out.append(block)
+                elif dead == 1:
+                    del stale[block]
+                else:
+                    stale[block] = dead - 1
+        if head > 4096 and 2 * head > len(queue):
+            del queue[:head]
+            head = 0
+        self._head = head
+        self._free.difference_update(out)
         block_hash = self._block_hash
         if block_hash:
             cached, dropped = self._cached, self._dropped
