@@ -178,29 +178,29 @@ class ResidencyLedger:
     def due(self, step: int, growth: int) -> bool:
         """Whether a round must run before an iteration at ``step`` adding ``growth``
         tokens: the cadence is due, or the growth would pass the budget."""
-        need = self.resident_now + growth
-        if need > self.budget:
+        # Asked before every iteration: the properties are spelled out.
+        budget = self.budget
+        need = self.resident_total + self.pending + growth
+        if need > budget:
             return True
         if step < self.next_round:
             return False
-        return self._idle_rounds or need > self._calm_limit
+        # Without idle rounds, the cadence applies only above three quarters of the budget.
+        return self._idle_rounds or need > budget - budget // 4
 
     def steps_free(self, step: int, batch: int) -> int:
         """Decode iterations of ``batch`` streams that can run from ``step`` before the next
         round is due (at least 1)."""
-        b = max(batch, 1)
-        room = self.budget - self.resident_now
-        cadence = max(1, self.next_round - step)
+        b = batch if batch > 1 else 1
+        budget = self.budget
+        resident = self.resident_total + self.pending
         if not self._idle_rounds:
-            calm = self._calm_limit - self.resident_now
+            calm = budget - budget // 4 - resident
             if calm > 0:  # no round is due before the calm ends, whatever the cadence
-                return max(1, calm // b)
-        return min(cadence, max(1, room // b))
-
-    @property
-    def _calm_limit(self) -> int:
-        """Without idle rounds, the cadence applies above this many resident tokens."""
-        return self.budget - self.budget // 4
+                return calm // b if calm >= b else 1
+        by_room = (budget - resident) // b
+        cadence = self.next_round - step
+        return max(1, min(cadence, by_room))
 
     # ---------------------------------------------------------------- lifecycle
     def open(self, stream: str, step: int, written: int = 0) -> None:
