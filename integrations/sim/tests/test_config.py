@@ -112,6 +112,26 @@ class TestBuildStack:
         with pytest.raises(ConfigError, match="unknown eviction policy 'magic'"):
             build_stack(stack_from_dict({"eviction": {"name": "magic"}}))
 
+    def test_every_wraps_the_policy_in_periodic(self) -> None:
+        """``every: N`` is the policy's cadence: kvpolicy-evict's Periodic(policy, N); without
+        it the policy is bare (rounds only when the budget needs one)."""
+        from kvpolicy.evict import H2OPolicy, Periodic
+
+        periodic = build_stack(stack_from_dict({"eviction": {"name": "h2o", "every": 64}}))
+        assert isinstance(periodic.eviction, Periodic)
+        assert periodic.eviction.interval == 64
+        assert isinstance(periodic.eviction.policy, H2OPolicy)
+        bare = build_stack(stack_from_dict({"eviction": {"name": "h2o"}}))
+        assert isinstance(bare.eviction, H2OPolicy)
+        with pytest.raises(ConfigError, match="'every' must be >= 1: 0"):
+            stack_from_dict({"eviction": {"name": "h2o", "every": 0}})
+
+    def test_interval_of_earlier_stack_files_says_what_to_write(self) -> None:
+        """The key ``eviction.interval`` of earlier stack files is refused with the key to
+        write instead."""
+        with pytest.raises(ConfigError, match=r"eviction\.interval .* Write 'every: 512'"):
+            stack_from_dict({"eviction": {"name": "token-pd", "interval": 512}})
+
 
 class TestAttentionSection:
     def test_default_is_the_fitted_model(self) -> None:
@@ -153,7 +173,7 @@ class TestAttentionSection:
                 "name": "h2o",
                 "params": {"recent_window": 64},
                 "budget_fraction": 0.1,
-                "interval": 16,
+                "every": 16,
             },
             "engine": {"kv_capacity_tokens": 60000},
         }

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvpolicy.evict import Periodic
 from kvpolicy.kvmodel import Request, SchedulerState, get_gpu, get_model
 from kvpolicy.sim import (
     ConfigError,
@@ -157,8 +158,8 @@ class TestTokenEviction:
         eng = Engine(
             tm,
             kit.engine(8192, token_budget=256),
-            Stack(eviction=ev),
-            eviction_config=EvictionConfig(budget_fraction=0.25, interval=8),
+            Stack(eviction=Periodic(ev, interval=8)),
+            eviction_config=EvictionConfig(budget_fraction=0.25),
         )
         return eng.run(reqs), ev
 
@@ -238,8 +239,8 @@ class TestInvariants:
         rec = Engine(
             tm,
             EngineConfig(block_size=block_size, kv_capacity_tokens=1024, token_budget=128),
-            Stack(eviction=kit.FifoEviction() if evicting else None),
-            eviction_config=EvictionConfig(budget_fraction=0.5, interval=4),
+            Stack(eviction=Periodic(kit.FifoEviction(), interval=4) if evicting else None),
+            eviction_config=EvictionConfig(budget_fraction=0.5),
             preemption_config=PreemptionConfig(mode=mode, cpu_swap_bytes=2**40),
         ).run(reqs)
         assert np.isfinite(rec.finish[~rec.rejected]).all()

@@ -56,7 +56,7 @@ def table(request: pytest.FixtureRequest) -> dict[str, tuple[int, float, int]]:
                     "name": name,
                     "params": params,
                     "budget_fraction": 0.3,
-                    "interval": request.param,
+                    "every": request.param,
                 },
                 "preemption": {"name": "least-progressed-first"},
             }

@@ -52,7 +52,7 @@ class TestEvictionPolicies:
                     "name": name,
                     "params": _PARAMS.get(name, {}),
                     "budget_fraction": 0.25,
-                    "interval": 16,
+                    "every": 16,
                 }
             }
         )

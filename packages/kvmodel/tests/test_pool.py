@@ -156,6 +156,24 @@ class TestPrefixCache:
         assert alloc_a is not None
         assert alloc_a.cached_tokens == 0
 
+    def test_a_hit_from_the_middle_keeps_the_free_order(self) -> None:
+        """A cached block taken back from the middle of the free list leaves the others in
+        least-recently-freed order, and returns to the tail when freed again."""
+        pool = BlockPool(num_blocks=4, block_size=1, record_dropped=True)
+        for i in range(4):
+            pool.allocate(f"p{i}", 1, prefix_hashes=[100 + i])
+        for i in range(4):
+            pool.free(f"p{i}")  # free list: p0 p1 p2 p3
+        hit = pool.allocate("h", 1, prefix_hashes=[101])  # takes p1's block from the middle
+        assert hit is not None and hit.cached_tokens == 1
+        assert (pool.num_free_blocks, pool.ref_count(1), pool.is_free(1)) == (3, 1, False)
+        pool.free("h")  # free list: p0 p2 p3 p1
+        assert pool.is_free(1) and pool.ref_count(1) == 0
+        for i in range(4):
+            assert pool.allocate(f"n{i}", 1) is not None
+            assert pool.pop_dropped_hashes() == [[100, 102, 103, 101][i]]
+        assert pool.allocate("full", 1) is None
+
     def test_chain_hashes_depend_on_prefix(self) -> None:
         """Equal blocks after different prefixes hash differently."""
         h1 = chain_block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4)

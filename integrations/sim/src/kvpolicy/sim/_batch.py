@@ -214,13 +214,21 @@ class Batch:
     def _count(self, now: float, step: int) -> int:
         if self._admission is None:
             return len(self.waiting)
-        state = SchedulerState(
-            step=step,
-            time=now,
-            used_tokens=min(self.used_tokens(), self._pool.num_blocks * self._bs),
-            capacity_tokens=self._pool.num_blocks * self._bs,
-            running=_LazyViews(self, now),
-        )
+        capacity = self._pool.num_blocks * self._bs
+        # Built from the engine's own checked state before every admission, like the
+        # views: validating it each time costs more than the admission policy.
+        was = attrs.validators.get_disabled()
+        attrs.validators.set_disabled(True)
+        try:
+            state = SchedulerState(
+                step=step,
+                time=now,
+                used_tokens=min(self.used_tokens(), capacity),
+                capacity_tokens=capacity,
+                running=_LazyViews(self, now),
+            )
+        finally:
+            attrs.validators.set_disabled(was)
         n = self._admission.admit(state, WaitingView(self.waiting))
         if isinstance(n, bool) or not isinstance(n, int | np.integer):
             raise SimError(f"admission policy returned a non-integer count: {n!r}")

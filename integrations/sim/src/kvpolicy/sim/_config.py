@@ -4,7 +4,7 @@ A stack file is YAML with optional sections, each a component's own config::
 
     gateway:   {name: token-pool, params: {manifest: pools.yaml}, max_retries: 3}
     admission: {name: rate-limited, params: {cap: 5}}
-    eviction:  {name: token-pd, budget_fraction: 0.5, interval: 512}
+    eviction:  {name: token-pd, budget_fraction: 0.5, every: 512}
     preemption: {name: least-progressed-first, mode: recompute}
     tiers:     {name: tiered, params: {dram_bytes: 64e9, disk_bytes: 1e12}}
     engine:    {block_size: 16, prefix_caching: true, max_batch: 256, token_budget: 2048}
@@ -104,17 +104,19 @@ class EvictionConfig:
     """Keyword arguments of the policy's constructor."""
     budget_fraction: float = field(default=0.5, validator=[gt(0.0), le(1.0)])
     """Resident-token budget as a fraction of the KV pool."""
-    interval: int = _int(1, 512)
-    """Most iterations between two eviction rounds (observe the attention accumulated since
-    the last round, then evict). A round also runs whenever the next iteration's growth
-    would pass the budget, so the budget holds at every iteration whatever the interval.
-    Attention is summed over the iterations between rounds, so accumulating scores (H2O,
-    Token-PD's running return) see the same totals; a longer interval only delays evictions
-    a policy makes under its budget. A request that lives between two rounds is never shown
-    to the policy. 512 iterations (about 3 s of decode for an 8B model) keeps the policy
-    calls to a few per request; the cost of a round grows with the batch."""
+    every: int | None = field(default=None, validator=optional([instance_of(int), ge(1)]))
+    """The policy's cadence: it is wrapped in kvpolicy-evict's ``Periodic(policy, every)``,
+    which wants a round (observe the attention accumulated since the last one, then evict)
+    every ``every`` iterations. ``None`` (the default) is the bare policy: rounds only when
+    the next iteration's growth would pass the budget. Either way the budget holds at every
+    iteration. Attention is summed over the iterations between rounds, so accumulating
+    scores (H2O, Token-PD's running return) see the same totals; a longer cadence only
+    delays evictions a policy makes under its budget (Token-PD's keep rule). A request that
+    lives between two rounds is never shown to the policy. 512 iterations (about 3 s of
+    decode for an 8B model) keeps the policy calls to a few per request; the cost of a
+    round grows with the batch."""
     idle_rounds: bool = field(default=True, validator=instance_of(bool))
-    """Run the interval's rounds while resident tokens are well under the budget. False
+    """Run the cadence's rounds while resident tokens are well under the budget. False
     runs rounds only within a quarter of the budget (or when the budget would be passed):
     far cheaper when memory is plentiful, and no policy evicts by its own rule meanwhile;
     the attention accumulated since a stream's last round is observed at once."""
@@ -295,6 +297,17 @@ _SECTIONS: dict[str, type] = {
 }
 
 
+_MOVED: dict[tuple[str, str], str] = {
+    ("eviction", "interval"): (
+        "eviction.interval is no longer a setting of the simulator: cadence is the policy's "
+        "wrapper (kvpolicy-evict's Periodic). Write 'every: {value}' instead "
+        "(eviction: {{name: ..., every: {value}}}), or leave it out for rounds only when "
+        "the budget needs one"
+    ),
+}
+"""Keys of earlier stack files, with what to write instead."""
+
+
 def _build(cls: type, section: str, raw: object) -> Any:
     if raw is None:
         return cls()
@@ -304,6 +317,9 @@ def _build(cls: type, section: str, raw: object) -> Any:
         raise ConfigError(f"stack section {section!r} must be a mapping: {raw!r}")
     allowed = [a.name for a in attrs.fields(cls)]
     for key in raw:
+        moved = _MOVED.get((section, str(key)))
+        if moved is not None:
+            raise ConfigError(moved.format(value=raw[key]))
         if key not in allowed:
             raise ConfigError(
                 f"unknown key {section}.{key!s} in stack; allowed: {', '.join(allowed)}"

@@ -45,6 +45,7 @@ STACK_PRESETS: dict[str, StackConfig] = {
             name="token-pd",
             params={"keep_rule": False},
             budget_fraction=0.9,
+            every=512,
             idle_rounds=False,
         ),
         preemption=PreemptionConfig(name="least-progressed-first"),
@@ -60,7 +61,8 @@ the whole pool), its clients retrying three times after each Retry-After, its th
 estimate refreshed every 15 s from the service observed at the server; greedy admission
 (seed 002's one-step check; its rate-limited admission delays requests on real traces, see
 integrations/sim/RESULTS.md); Token-PD (seed 000) holding resident tokens to 90% of the pool
-only under pressure (no eviction while the pool has room); least-progressed-first
+only under pressure (no eviction while the pool has room; rounds at most every 512
+iterations); least-progressed-first
 preemption; 64 GiB of DRAM below HBM's prefix cache (seed 003)."""
 
 

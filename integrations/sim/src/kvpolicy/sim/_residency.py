@@ -139,7 +139,8 @@ class Evicting:
     Args:
         policy: the eviction policy.
         budget: resident tokens allowed after a round.
-        config: cadence of rounds.
+        config: whether rounds run while well under the budget, and the growth a round
+            leaves room for (the cadence is the policy's own: kvpolicy-evict's Periodic).
         attention: the synthetic attention model.
         seed: seed of the heavy-hitter scores.
         pool: the block pool whose blocks evicted tokens give back.
@@ -159,7 +160,6 @@ class Evicting:
             policy,
             budget,
             self._attention,
-            interval=config.interval,
             evict_ahead=config.evict_ahead,
             idle_rounds=config.idle_rounds,
         )

@@ -5,7 +5,8 @@ The simulator keeps no table of policy names: every part resolves through
 (``kvpolicy.gateway``, ``kvpolicy.admission``, ``kvpolicy.eviction``,
 ``kvpolicy.preemption``, ``kvpolicy.tiers``). ``none`` leaves the engine's own mechanics
 (every request enters, admit while blocks last, preempt the last admitted first, keep every
-token, no tiers below HBM: vLLM's behaviour).
+token, no tiers below HBM: vLLM's behaviour). The eviction section's ``every`` wraps its
+policy in kvpolicy-evict's ``Periodic`` (cadence is a wrapper, not an engine setting).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 
 from attrs import Attribute, field, frozen
 
+from kvpolicy.evict import Periodic
 from kvpolicy.kvmodel import (
     ADMISSION,
     EVICTION,
@@ -126,12 +128,16 @@ def build_stack(config: StackConfig, context: ServerContext | None = None) -> St
                 f"{section} {getattr(config, section).name!r} needs the server it is built "
                 "for: pass a ServerContext (simulate() builds one)"
             )
+    ev = config.eviction
+    eviction = _part("eviction", EVICTION, ev.name, ev.params, context)
+    if eviction is not None and ev.every is not None:
+        eviction = Periodic(eviction, ev.every)
     return Stack(
         gate=_part("gateway", GATEWAY, config.gateway.name, config.gateway.params, context),
         admission=_part(
             "admission", ADMISSION, config.admission.name, config.admission.params, context
         ),
-        eviction=_part("eviction", EVICTION, config.eviction.name, config.eviction.params, context),
+        eviction=eviction,
         preemption=_part(
             "preemption", PREEMPTION, config.preemption.name, config.preemption.params, context
         ),

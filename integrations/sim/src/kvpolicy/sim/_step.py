@@ -94,7 +94,7 @@ class Step:
     def run(self, next_event: float, first_output: Callable[[int, float], None]) -> None:
         """One mixed iteration, or ``k >= 1`` decode-only ones when every running request
         decodes; ``next_event`` (the next arrival or retry) bounds ``k``."""
-        if all(s.decoding for s in self._batch.running):
+        if all(s.computed >= s.target for s in self._batch.running):  # all decoding
             self.decode(next_event)
         else:
             self.mixed(first_output)
@@ -104,11 +104,11 @@ class Step:
         batch = self._batch
         batch.preempt_until(self._decodes_fit, self.now)
         running = batch.running
-        dec = [s for s in running if s.decoding]
+        dec = [s for s in running if s.computed >= s.target]  # decoding
         budget = self._token_budget - len(dec)
         chunks: list[tuple[Seq, int]] = []
         for s in running:
-            if s.decoding or budget <= 0:
+            if s.computed >= s.target or budget <= 0:
                 continue
             c = min(s.target - s.computed, budget)
             budget -= c
@@ -120,8 +120,13 @@ class Step:
         pairs = sum(s.pool_tokens for s in dec) + sum(
             c * s.computed + c * (c + 1) // 2 for s, c in chunks
         )
+        grow = batch.grow
         for s in dec:
-            batch.grow(s, 1)
+            new = s.pool_tokens + 1
+            if new > s.pool_reserved:
+                grow(s, 1)  # crosses into a block the pool has not recorded yet
+            else:
+                s.pool_tokens = new
         self.now += self._tm.iteration_time(n_tok, kv_read, pairs) + batch.take_delay()
         self.step += 1
         finished: list[Seq] = []

@@ -104,6 +104,9 @@ class TimingModel:
     GPU, else :data:`DEFAULT_INTERCONNECT_BANDWIDTH`."""
     allreduce_latency_s: float = field(default=1e-5, converter=float, validator=ge(0.0))
     """Fixed seconds of one all-reduce (launch and synchronisation), used when ``tp > 1``."""
+    # Derived once when built: the simulator asks for iteration times millions of times.
+    _kv_bytes: int = field(init=False, repr=False, eq=False)
+    _weight_bytes: int = field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.model.num_params <= 0:
@@ -112,11 +115,13 @@ class TimingModel:
                 f"{self.model.num_params}"
             )
         self.model.check_parallel(self.tp)
+        object.__setattr__(self, "_kv_bytes", self.model.kv_bytes_per_token_per_gpu(self.tp))
+        object.__setattr__(self, "_weight_bytes", self.model.weight_bytes_per_gpu(self.tp))
 
     @property
     def kv_bytes_per_token(self) -> int:
         """KV bytes of one token of :attr:`model` on one GPU (all of it when ``tp = 1``)."""
-        return self.model.kv_bytes_per_token_per_gpu(self.tp)
+        return self._kv_bytes
 
     @property
     def link_bandwidth(self) -> float:
@@ -135,7 +140,7 @@ class TimingModel:
         return 2 * self.model.num_layers * (ring / self.link_bandwidth + self.allreduce_latency_s)
 
     def _weights(self) -> int:
-        return self.model.weight_bytes_per_gpu(self.tp)
+        return self._weight_bytes
 
     @property
     def _attn_flops_per_pair(self) -> float:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kvpolicy.evict import Periodic
 from kvpolicy.kvmodel import ResidencyLedger
 from kvpolicy.vllm._config import BlockEvictionConfig
 from kvpolicy.vllm._errors import ConfigError
@@ -111,10 +112,9 @@ class BlockEvictionScheduler(KVPolicyScheduler):
             )
         self._manager = managers[0]
         self.ledger = ResidencyLedger(
-            cfg.build(),
+            Periodic(cfg.build(), cfg.interval),
             cfg.budget_blocks,
             BlockValues(self.block_size),
-            interval=cfg.interval,
             evict_ahead=1,
         )
         """The residency ledger of full blocks (one ledger position per block)."""

@@ -3,13 +3,15 @@
 Token policies (FIFO, LRU, H2O, sink+window, Token-PD of seed 000) implement kvmodel's
 ``EvictionPolicy`` over one budget shared by every stream on a GPU; preemption orders
 (least-progressed-first, last-in-first-out, priority-aware, cost-aware) implement
-``PreemptionPolicy``.
+``PreemptionPolicy``. Policies compose: ``Periodic`` gives one a cadence, ``Protected``
+sinks and a recent window, ``Composed`` runs several in successive rounds.
 """
 
 from __future__ import annotations
 
 from kvpolicy.evict.__about__ import __version__
 from kvpolicy.evict._baselines import FIFOPolicy, H2OPolicy, LRUPolicy, SinkWindowPolicy
+from kvpolicy.evict._compose import Composed, Discarding
 from kvpolicy.evict._errors import EvictError
 from kvpolicy.evict._knapsack import (
     KnapsackRun,
@@ -31,7 +33,9 @@ from kvpolicy.evict._wrappers import Periodic, Protected, default_policies
 
 __all__ = [
     "PROTECTED_OFFSET",
+    "Composed",
     "CostAware",
+    "Discarding",
     "EvictError",
     "FIFOPolicy",
     "H2OPolicy",

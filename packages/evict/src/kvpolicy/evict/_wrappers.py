@@ -1,6 +1,6 @@
 """Policies built from policies: eviction cadence (:class:`Periodic`) and protected tokens
 (:class:`Protected`), each itself a kvmodel ``EvictionPolicy``; and :func:`default_policies`,
-every registered policy plus the wrappers, for conformance suites.
+every registered policy plus the wrappers and compositions, for conformance suites.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.typing import NDArray
 
-from kvpolicy.evict._baselines import LRUPolicy
+from kvpolicy.evict._baselines import H2OPolicy, LRUPolicy, SinkWindowPolicy
+from kvpolicy.evict._compose import Composed
 from kvpolicy.evict._scored import ScoredPolicy
 from kvpolicy.evict._table import check_budget
 from kvpolicy.evict._tokenpd import TokenPDPolicy
@@ -36,13 +37,18 @@ def _check_policy(policy: object) -> EvictionPolicy:
 class Periodic:
     """Runs ``policy``'s eviction round every ``interval`` steps, or when over the budget.
 
+    Cadence is this wrapper's, never a caller's setting: it implements kvmodel's
+    ``Scheduled``, through which kvmodel's ``ResidencyLedger`` ticks it by the iterations
+    that pass and runs a round when it is due (a policy without it gets rounds only when the
+    budget needs one).
+
     The caller counts steps with :meth:`tick` (one per decode iteration, or ``n`` for a
     jump) and calls :meth:`evict` as often as it likes: a call costs O(1) unless a round
     runs. A round runs when it is *due* (``interval`` steps have passed since the last one)
-    or when the resident tokens exceed the budget, so the hard budget always holds;
-    either way the next round is due ``interval`` steps later. :attr:`steps_until_due`
-    and :meth:`steps_free` let a simulator plan multi-step jumps without calling
-    :meth:`evict` at every step.
+    or when the resident tokens exceed the budget, so the hard budget always holds; either
+    way the next round is due ``interval`` steps later. :attr:`steps_until_due` and
+    :meth:`steps_free` let a simulator plan multi-step jumps without calling :meth:`evict`
+    at every step.
 
     Args:
         policy: the eviction policy whose rounds this schedules (it is owned: insert,
@@ -216,11 +222,12 @@ class Protected(ScoredPolicy):
 
 
 def default_policies() -> dict[str, EvictionPolicy]:
-    """A fresh instance of every registered eviction policy and of the wrappers, by label.
+    """A fresh instance of every registered eviction policy, wrapper and composition, by label.
 
     Every ``kvpolicy.eviction`` entry point built with its defaults (labelled by its name),
-    plus :class:`Periodic` and :class:`Protected` around some of them: what a conformance
-    suite of kvmodel's ``EvictionPolicy`` Protocol runs over.
+    plus :class:`Periodic`, :class:`Protected` and :class:`~kvpolicy.evict.Composed` around
+    some of them: what a conformance suite of kvmodel's ``EvictionPolicy`` Protocol runs
+    over.
     """
     out: dict[str, EvictionPolicy] = {name: build(EVICTION, name) for name in names(EVICTION)}
     out["periodic(token-pd, 4)"] = Periodic(build(EVICTION, "token-pd"), interval=4)
@@ -228,5 +235,12 @@ def default_policies() -> dict[str, EvictionPolicy]:
     out["protected(lru, 2, 3)"] = Protected(LRUPolicy(), num_sink=2, recent_window=3)
     out["periodic(protected(token-pd, 1, 2), 3)"] = Periodic(
         Protected(TokenPDPolicy(), num_sink=1, recent_window=2), interval=3
+    )
+    out["composed(h2o, token-pd)"] = Composed([H2OPolicy(recent_window=2), TokenPDPolicy()])
+    out["composed(sink-window, lru, fifo; 1:2:1)"] = Composed(
+        [SinkWindowPolicy(num_sink=1), LRUPolicy(), build(EVICTION, "fifo")], shares=[1, 2, 1]
+    )
+    out["periodic(composed(protected(lru, 1, 0), token-pd), 2)"] = Periodic(
+        Composed([Protected(LRUPolicy(), num_sink=1), TokenPDPolicy()]), interval=2
     )
     return out

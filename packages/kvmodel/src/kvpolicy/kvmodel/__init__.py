@@ -33,6 +33,7 @@ from kvpolicy.kvmodel._protocols import (
     PrefixStore,
     PromptObserver,
     RequestGate,
+    Scheduled,
     ThroughputScalable,
 )
 from kvpolicy.kvmodel._registry import (
@@ -107,6 +108,7 @@ __all__ = [
     "RequestGate",
     "ResidencyError",
     "ResidencyLedger",
+    "Scheduled",
     "SchedulerState",
     "SequenceView",
     "ServerContext",

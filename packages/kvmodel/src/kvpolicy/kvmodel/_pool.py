@@ -18,8 +18,8 @@ unknown request, writing to a shared block) raises :class:`BlockPoolError`.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 
 from attrs import frozen
 
@@ -149,9 +149,13 @@ class BlockPool:
         "_dropped",
         "_fill",
         "_free",
+        "_has_content",
+        "_head",
         "_num_blocks",
         "_prefix_caching",
+        "_queue",
         "_ref",
+        "_stale",
         "_tables",
         "_tokens",
     )
@@ -172,10 +176,24 @@ class BlockPool:
         self._num_blocks = num_blocks
         self._block_size = block_size
         self._prefix_caching = enable_prefix_caching
-        self._ref = [0] * num_blocks
-        self._fill = [0] * num_blocks  # filled token slots of each block
+        # Owners of each block. A block on the free list keeps 1, the count it has once
+        # taken, so that allocation and release touch no count of an unshared block.
+        self._ref = [1] * num_blocks
+        # Filled token slots of each block. Only the last block of a table may be partly
+        # filled, and a free block counts as full, so a fresh block needs a write only
+        # when it becomes a table's partial last block.
+        self._fill = [block_size] * num_blocks
         self._content: list[list[int] | None] = [None] * num_blocks
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._has_content = False  # whether any token ids were ever recorded
+        # The free list, least recently freed first: ``_queue[_head:]`` in order, with
+        # ``_free`` the same blocks as a set. A cached block taken back from the middle of
+        # the list (a prefix hit) leaves its entry behind: ``_stale[b]`` counts such dead
+        # entries of block b, which always come before its live one. Freeing and allocating
+        # are then list and set operations over whole runs of blocks, not one at a time.
+        self._free: set[int] = set(range(num_blocks))
+        self._queue: list[int] = list(range(num_blocks))
+        self._head = 0
+        self._stale: dict[int, int] = {}
         self._tables: dict[str, list[int]] = {}
         self._tokens: dict[str, int] = {}
         self._block_hash: dict[int, int] = {}
@@ -220,7 +238,7 @@ class BlockPool:
         """Owners of ``block_id``."""
         if not 0 <= block_id < self._num_blocks:
             raise BlockPoolError(f"'block_id' out of range [0, {self._num_blocks}): {block_id}")
-        return self._ref[block_id]
+        return 0 if block_id in self._free else self._ref[block_id]
 
     def is_free(self, block_id: int) -> bool:
         """Whether ``block_id`` is on the free list."""
@@ -260,7 +278,8 @@ class BlockPool:
 
     def stats(self) -> PoolStats:
         """Usage figures now."""
-        used = [b for b in range(self._num_blocks) if self._ref[b] > 0]
+        free = self._free
+        used = [b for b in range(self._num_blocks) if b not in free]
         return PoolStats(
             num_blocks=self._num_blocks,
             block_size=self._block_size,
@@ -328,7 +347,8 @@ class BlockPool:
                 if block is None:
                     break
                 hits.append(block)
-        hits_from_free = sum(1 for b in hits if self._ref[b] == 0)
+        free = self._free
+        hits_from_free = sum(1 for b in hits if b in free)
         fresh = self.blocks_needed(num_tokens) - len(hits)
         if fresh > len(self._free) - hits_from_free:
             self._counters["failed"] += 1
@@ -343,14 +363,12 @@ class BlockPool:
         table.extend(self._pop_many(fresh))
         self._tables[request_id] = table
         cached_tokens = len(hits) * bs
-        # Hit blocks are already full; fill the fresh ones: all full but maybe the last.
-        fill = self._fill
+        # Hit blocks and fresh ones are full, but maybe the last.
         start = len(hits)
-        for b in table[start:]:
-            fill[b] = bs
         if fresh and num_tokens % bs:
-            fill[table[-1]] = num_tokens % bs
+            self._fill[table[-1]] = num_tokens % bs
         if token_ids is not None:
+            self._has_content = True
             for i in range(start, len(table)):
                 self._content[table[i]] = list(token_ids[i * bs : (i + 1) * bs])
         if self._prefix_caching:
@@ -368,8 +386,11 @@ class BlockPool:
         owners' view never changes. Returns ``False`` and changes nothing when the blocks
         needed are not free.
         """
-        table = self._table(request_id)
-        self._check_count("num_tokens", num_tokens)
+        table = self._tables.get(request_id)
+        if table is None:
+            raise BlockPoolError(f"unknown request {request_id!r}")
+        if type(num_tokens) is not int or num_tokens < 0:  # the hot path checks cheaply
+            self._check_count("num_tokens", num_tokens)
         if token_ids is not None and len(token_ids) != num_tokens:
             raise ValueError(
                 f"'token_ids' must have num_tokens={num_tokens} ids: got {len(token_ids)}"
@@ -380,7 +401,7 @@ class BlockPool:
         have = self._tokens[request_id]
         partial = have % bs != 0
         cow = partial and self._ref[table[-1]] > 1
-        new_blocks = self.blocks_needed(have + num_tokens) - len(table)
+        new_blocks = -(-(have + num_tokens) // bs) - len(table)
         if new_blocks + int(cow) > len(self._free):
             self._counters["failed"] += 1
             return False
@@ -396,14 +417,13 @@ class BlockPool:
                 fill[table[-1]] += add
                 rest -= add
             if new_blocks:
-                fresh = self._pop_many(new_blocks)
-                for b in fresh:
-                    fill[b] = bs
+                fresh = self._pop_many(new_blocks)  # full, but the last
                 fill[fresh[-1]] = rest - (new_blocks - 1) * bs
                 table.extend(fresh)
             self._tokens[request_id] = have + num_tokens
             return True
         ids = list(token_ids)
+        self._has_content = True
         written = 0
         pos = have
         while written < num_tokens:
@@ -487,11 +507,23 @@ class BlockPool:
             raise BlockPoolError(f"unknown request {request_id!r} (never allocated or freed)")
         del self._tokens[request_id]
         # Last blocks first, so that a prompt's first blocks stay cached the longest.
-        ref, free = self._ref, self._free
-        for b in reversed(table):
-            ref[b] -= 1
-            if ref[b] == 0:
-                free[b] = None
+        ref = self._ref
+        order = table[::-1]
+        n = len(order)
+        owners = itemgetter(*order)(ref) if n > 1 else tuple(ref[b] for b in order)
+        if owners.count(1) == n:  # nobody else owns any: all go back, counts stay 1
+            self._release(order)
+            if n:
+                self._fill[order[0]] = self._block_size  # the only one maybe partial
+            return
+        back = []
+        for b in order:
+            if ref[b] == 1:
+                back.append(b)
+                self._fill[b] = self._block_size
+            else:
+                ref[b] -= 1
+        self._release(back)
 
     def truncate(self, request_id: str, num_tokens: int) -> None:
         """Drop tokens past ``num_tokens`` (rollback of speculative tokens), freeing whole
@@ -508,10 +540,14 @@ class BlockPool:
             and self.copy_on_write(request_id, keep - 1) is None
         ):
             raise BlockPoolError(f"no free block to copy before truncating {request_id!r}")
+        back = []
         for b in table[keep:]:
-            self._ref[b] -= 1
-            if self._ref[b] == 0:
-                self._free[b] = None
+            if self._ref[b] == 1:
+                back.append(b)
+                self._fill[b] = self._block_size
+            else:
+                self._ref[b] -= 1
+        self._release(back)
         del table[keep:]
         if keep:
             last = table[-1]
@@ -539,34 +575,64 @@ class BlockPool:
             raise ValueError(f"'{name}' must be >= 0: {value}")
 
     def _take(self, block: int) -> None:
-        if self._ref[block] == 0:
-            del self._free[block]
-        self._ref[block] += 1
+        free = self._free
+        if block in free:
+            free.remove(block)  # its count is 1 already; its entry in the queue is dead
+            self._stale[block] = self._stale.get(block, 0) + 1
+        else:
+            self._ref[block] += 1
+
+    def _release(self, blocks: list[int]) -> None:
+        """Put owned-once ``blocks`` at the tail of the free list, in order."""
+        self._queue.extend(blocks)
+        self._free.update(blocks)
 
     def _pop_many(self, n: int) -> list[int]:
         """Take ``n`` blocks from the head of the free list (least recently freed first),
-        dropping their cached hashes (recorded for offload when asked), empty and owned
-        once. Locals are bound once: this is the allocation hot path."""
-        popitem = self._free.popitem
-        block_hash, cached, dropped = self._block_hash, self._cached, self._dropped
-        fill, content, ref = self._fill, self._content, self._ref
-        out = []
-        for _ in range(n):
-            block, _ = popitem(last=False)
-            if block_hash:
+        dropping their cached hashes (recorded for offload when asked) and content; each is
+        owned once and full (the caller sets the fill of a partial one). This is the
+        allocation hot path: a block with no hash and no content costs one pop."""
+        queue, head = self._queue, self._head
+        if not self._stale:  # no dead entry: the next n entries are the blocks
+            out = queue[head : head + n]
+            head += n
+        else:
+            stale = self._stale
+            out = []
+            while len(out) < n:
+                block = queue[head]
+                head += 1
+                dead = stale.get(block)
+                if dead is None:
+                    out.append(block)
+                elif dead == 1:
+                    del stale[block]
+                else:
+                    stale[block] = dead - 1
+        if head > 4096 and 2 * head > len(queue):
+            del queue[:head]
+            head = 0
+        self._head = head
+        self._free.difference_update(out)
+        block_hash = self._block_hash
+        if block_hash:
+            cached, dropped = self._cached, self._dropped
+            for block in out:
                 h = block_hash.pop(block, None)
                 if h is not None:
                     del cached[h]
                     if dropped is not None:
                         dropped.append(h)
-            fill[block] = 0
-            content[block] = None
-            ref[block] = 1
-            out.append(block)
+        if self._has_content:
+            content = self._content
+            for block in out:
+                content[block] = None
         return out
 
     def _pop_free(self) -> int:
-        return self._pop_many(1)[0]
+        block = self._pop_many(1)[0]
+        self._fill[block] = 0
+        return block
 
     def _register(self, block: int, block_hash: int) -> None:
         if block_hash not in self._cached:

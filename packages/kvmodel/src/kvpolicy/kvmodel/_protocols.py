@@ -26,6 +26,7 @@ __all__ = [
     "PrefixStore",
     "PromptObserver",
     "RequestGate",
+    "Scheduled",
     "ThroughputScalable",
 ]
 
@@ -116,6 +117,28 @@ class EvictionPolicy(Protocol):
 
     def resident_tokens(self) -> int:
         """Tokens resident across every stream."""
+        ...
+
+
+@runtime_checkable
+class Scheduled(Protocol):
+    """Optional for an :class:`EvictionPolicy`: a cadence of rounds, not only the budget.
+
+    A policy without it runs a round only when the budget requires one. A policy with it
+    (kvpolicy-evict's ``Periodic(policy, interval)``) also wants a round every so many
+    steps. The caller counts steps with :meth:`tick` and runs a round once
+    :attr:`steps_until_due` reaches 0. :attr:`steps_until_due` falls by ``n`` with
+    ``tick(n)`` (never below 0) and changes otherwise only when :meth:`EvictionPolicy.evict`
+    runs a round, so a caller may read it once after each round and count on from there.
+    """
+
+    @property
+    def steps_until_due(self) -> int:
+        """Steps until the cadence makes a round due (0: due now)."""
+        ...
+
+    def tick(self, n: int = 1) -> None:
+        """Count ``n >= 0`` steps."""
         ...
 
 

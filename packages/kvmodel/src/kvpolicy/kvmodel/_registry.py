@@ -224,7 +224,9 @@ def _signature_params(
     return out, var_kw, context
 
 
-def _attrs_params(cls: type) -> list[ParamSpec]:
+def _attrs_params(cls: type, *, docs: bool = True) -> list[ParamSpec]:
+    """The init fields of ``cls``; with ``docs``, each with the docstring under it (read
+    from the source, which :func:`build` has no use for)."""
     out = []
     for a in attrs.fields(cls):
         if not a.init:
@@ -235,7 +237,8 @@ def _attrs_params(cls: type) -> list[ParamSpec]:
             default = a.default.factory()
         else:
             default = a.default
-        out.append(ParamSpec(a.alias or a.name, default, _field_doc(cls, a.name)))
+        doc = _field_doc(cls, a.name) if docs else ""
+        out.append(ParamSpec(a.alias or a.name, default, doc))
     return out
 
 
@@ -304,7 +307,7 @@ def build(
     factory = _load(group, name)
     where = f"{group.kind} {name!r}"
     cls = _config_class(factory)
-    specs = _attrs_params(cls) if cls is not None else _signature_params(factory)[0]
+    specs = _attrs_params(cls, docs=False) if cls is not None else _signature_params(factory)[0]
     _, var_kw, context_param = _signature_params(factory)
     accepted = [s.name for s in specs]
     if not var_kw or cls is not None:

@@ -15,8 +15,11 @@ One stream's positions, as the ledger sees them::
 
 ``pending`` tokens were written since the last report; they are resident and count against
 the budget, and are reported at the next round (or when the stream leaves). One rule
-triggers a round: the cadence is due (``interval`` iterations since the last), or the
-iteration's growth would pass the budget.
+triggers a round: the iteration's growth would pass the budget, or the policy's cadence is
+due. The cadence is the policy's, not the ledger's: a policy that implements kvmodel's
+:class:`~kvpolicy.kvmodel.Scheduled` (kvpolicy-evict's ``Periodic(policy, interval)``) is
+told the iterations that pass and asked when its next round is due; any other policy gets a
+round only when the budget needs one.
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvpolicy.kvmodel._errors import KVModelError
-from kvpolicy.kvmodel._protocols import EvictionPolicy
+from kvpolicy.kvmodel._protocols import EvictionPolicy, Scheduled
 
 __all__ = ["AttentionSource", "ResidencyError", "ResidencyLedger"]
 
 _EMPTY = np.empty(0, dtype=np.int64)
+_NEVER = 2**62  # the step of the next cadence round of a policy without a cadence
 
 
 class ResidencyError(KVModelError):
@@ -75,10 +79,12 @@ class ResidencyLedger:
     """Resident token positions of every stream under one eviction policy and budget.
 
     Args:
-        policy: the batch-global eviction policy.
+        policy: the batch-global eviction policy; when it implements
+            :class:`~kvpolicy.kvmodel.Scheduled`, its cadence adds rounds (the ledger ticks
+            it by the iterations between rounds), else rounds run only when the budget
+            needs one.
         budget: most tokens resident after a round (> 0).
         source: signals of new tokens and the attention resident tokens receive.
-        interval: most iterations between two rounds (>= 1).
         evict_ahead: iterations of growth a round leaves room for (at most a quarter of the
             budget), so that under pressure rounds come every ``evict_ahead`` iterations.
         idle_rounds: run the cadence's rounds while resident tokens are well under the
@@ -97,7 +103,6 @@ class ResidencyLedger:
         budget: int,
         source: AttentionSource,
         *,
-        interval: int = 512,
         evict_ahead: int = 16,
         idle_rounds: bool = True,
     ) -> None:
@@ -107,7 +112,6 @@ class ResidencyLedger:
             raise TypeError(f"'source' must implement AttentionSource: {source!r}")
         for name, value, low in (
             ("budget", budget, 1),
-            ("interval", interval, 1),
             ("evict_ahead", evict_ahead, 0),
         ):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -117,21 +121,22 @@ class ResidencyLedger:
         if not isinstance(idle_rounds, bool):
             raise TypeError(f"'idle_rounds' must be bool: {idle_rounds!r}")
         self._policy = policy
+        self._cadence: Scheduled | None = policy if isinstance(policy, Scheduled) else None
+        self._clock = 0  # the step the cadence was last ticked to
         self._source = source
         self._idle_rounds = idle_rounds
         self._streams: dict[str, _Stream] = {}
         self.budget = budget
         """Most tokens resident after a round."""
-        self.interval = interval
-        """Most iterations between two rounds."""
         self.evict_ahead = evict_ahead
         """Iterations of growth a round leaves room for."""
         self.resident_total = 0
         """Tokens reported to the policy and still resident."""
         self.pending = 0
         """Tokens written to open streams and not yet reported."""
-        self.next_round = interval
-        """Iteration at which the cadence makes the next round due."""
+        self.next_round = _NEVER if self._cadence is None else self._cadence.steps_until_due
+        """Iteration at which the policy's cadence makes the next round due (``2**62`` for
+        a policy without a cadence)."""
         self.rounds = 0
         """Rounds run."""
         self.evicted = 0
@@ -173,29 +178,29 @@ class ResidencyLedger:
     def due(self, step: int, growth: int) -> bool:
         """Whether a round must run before an iteration at ``step`` adding ``growth``
         tokens: the cadence is due, or the growth would pass the budget."""
-        need = self.resident_now + growth
-        if need > self.budget:
+        # Asked before every iteration: the properties are spelled out.
+        budget = self.budget
+        need = self.resident_total + self.pending + growth
+        if need > budget:
             return True
         if step < self.next_round:
             return False
-        return self._idle_rounds or need > self._calm_limit
+        # Without idle rounds, the cadence applies only above three quarters of the budget.
+        return self._idle_rounds or need > budget - budget // 4
 
     def steps_free(self, step: int, batch: int) -> int:
         """Decode iterations of ``batch`` streams that can run from ``step`` before the next
         round is due (at least 1)."""
-        b = max(batch, 1)
-        room = self.budget - self.resident_now
-        cadence = max(1, self.next_round - step)
+        b = batch if batch > 1 else 1
+        budget = self.budget
+        resident = self.resident_total + self.pending
         if not self._idle_rounds:
-            calm = self._calm_limit - self.resident_now
+            calm = budget - budget // 4 - resident
             if calm > 0:  # no round is due before the calm ends, whatever the cadence
-                return max(1, calm // b)
-        return min(cadence, max(1, room // b))
-
-    @property
-    def _calm_limit(self) -> int:
-        """Without idle rounds, the cadence applies above this many resident tokens."""
-        return self.budget - self.budget // 4
+                return calm // b if calm >= b else 1
+        by_room = (budget - resident) // b
+        cadence = self.next_round - step
+        return max(1, min(cadence, by_room))
 
     # ---------------------------------------------------------------- lifecycle
     def open(self, stream: str, step: int, written: int = 0) -> None:
@@ -305,6 +310,10 @@ class ResidencyLedger:
             policy.observe(stream, s.positions, w * (steps / norm))
             s.observed_at = step
         target = max(0, self.budget - growth)
+        cadence = self._cadence
+        if cadence is not None and step > self._clock:
+            cadence.tick(step - self._clock)
+            self._clock = step
         evicted = policy.evict(target)
         self.rounds += 1
         out: dict[str, int] = {}
@@ -326,5 +335,6 @@ class ResidencyLedger:
             raise ResidencyError(
                 f"eviction policy left {resident} tokens resident, over its budget {target}"
             )
-        self.next_round = step + self.interval
+        if cadence is not None:
+            self.next_round = step + cadence.steps_until_due
         return out
