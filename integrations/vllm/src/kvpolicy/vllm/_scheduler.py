@@ -50,7 +50,7 @@ _log = logging.getLogger("kvpolicy.vllm")
 _HEAD = 1024  # most waiting requests shown to the admission policy per step
 
 
-class KVPolicyScheduler(AsyncScheduler):  # type: ignore[misc]
+class KVPolicyScheduler(AsyncScheduler):  # type: ignore[misc,unused-ignore]
     """vLLM's ``AsyncScheduler`` with kvpolicy's admission cap, tenancy and preemption order.
 
     Built by vLLM with its usual arguments; the kvpolicy config comes from
