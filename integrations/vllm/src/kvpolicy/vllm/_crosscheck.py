@@ -254,8 +254,11 @@ def crosscheck(
     built = None
     if cfg.max_admissions_per_step is not None:
         # The scheduler's own cap (vLLM's max_num_active_reqs): no registered name has it.
+        # A prebuilt stack replaces every policy the stack config names, so the preemption
+        # order is built here too.
         built = sim.Stack(
-            admission=_CappedAdmission(cfg.max_admissions_per_step, cfg.admission_policy())
+            admission=_CappedAdmission(cfg.max_admissions_per_step, cfg.admission_policy()),
+            preemption=cfg.preemption_policy(),
         )
     elif cfg.admission is not None:
         changes["admission"] = sim.AdmissionConfig(cfg.admission.name, dict(cfg.admission.params))
@@ -389,10 +392,11 @@ def run_suite(
     trace: str | os.PathLike[str] | None,
     *,
     log: Callable[[str], None] | None = None,
+    on_row: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every row of :data:`SUITE` that can run: :func:`crosscheck`'s result plus ``label``
     and ``workload``. Rows on ``{trace}`` are skipped (logged) when ``trace`` is None or not
-    a file."""
+    a file. ``on_row`` gets the rows so far after each one (to save partial results)."""
     say = log or (lambda _: None)
     have_trace = trace is not None and pathlib.Path(trace).is_file()
     if not have_trace:
@@ -411,6 +415,8 @@ def run_suite(
             f"{out['sim']['recomputed_tokens']}"
         )
         rows.append(out)
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 

@@ -40,10 +40,15 @@ def main() -> int:
     p.add_argument("--out", default=None, help="write the suite's rows as JSON here")
     a = p.parse_args()
     if a.suite:
-        rows = run_suite(a.trace, log=lambda line: print(line, file=sys.stderr, flush=True))
-        if a.out:
-            pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-            pathlib.Path(a.out).write_text(json.dumps(rows, indent=2))
+
+        def save(rows: list[dict[str, object]]) -> None:
+            if a.out:
+                pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+                pathlib.Path(a.out).write_text(json.dumps(rows, indent=2))
+
+        rows = run_suite(
+            a.trace, log=lambda line: print(line, file=sys.stderr, flush=True), on_row=save
+        )
         print(markdown_table(rows))
         return 0
     if a.workload is None or a.num_blocks is None:
