@@ -290,15 +290,15 @@ class Batch:
             out.append(s)
         return out
 
-    def order_running(self, now: float) -> None:
+    def order_running(self, now: float) -> bool:
         """With a preemption order, put the running requests in the order vLLM serves them
         under it: the order's first victim last (vLLM preempts the last of its running
-        list), so the order also decides who gets the iteration's token budget first. Only
-        an iteration with a prompt still being computed can run out of budget before every
-        request got its tokens; the others keep their order."""
+        list), so the order also decides who gets the iteration's token budget first when
+        it runs out. Returns whether the order changed anything."""
         if self._preemption is None or all(s.decoding for s in self.running):
-            return
+            return False
         self.running[:] = self._order(now)[::-1]
+        return True
 
     def preempt_until(self, fits: Callable[[], bool], now: float) -> None:
         """Preempt running requests in policy order until ``fits()`` holds."""

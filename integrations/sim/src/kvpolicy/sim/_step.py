@@ -61,8 +61,9 @@ class Step:
         token budget left for new prompts and the blocks the decodes need."""
         batch = self._batch
         preempted = False
-        batch.order_running(self.now)
         budget, need = self._demand(batch.running)
+        if budget <= 0 and batch.order_running(self.now):  # who waits depends on the order
+            budget, need = self._demand(batch.running)
         if need > batch.free_blocks:
             before = len(batch.running)
             batch.preempt_until(self._decodes_fit, self.now)
