@@ -363,7 +363,8 @@ def vllm(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("vllm==0.32.0", TORCH)
     session.run("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
-    _install(session, "vllm")
+    # kvpolicy-sim too: the cross-check tests step it beside vLLM's real scheduler.
+    _install_many(session, dict.fromkeys([*_kvpolicy_deps("sim"), "sim", "vllm"], ""))
     session.install(*TEST_DEPS)
     env = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
     session.run(

@@ -206,3 +206,72 @@ class TestBlocks:
         assert pool.get_num_free_blocks() == 63
         assert not s.running
         assert not s.waiting
+
+
+class TestBadInputAtStartup:
+    """Each bad input of the config fails when vLLM builds the scheduler (or the offload
+    cache policy), naming the field, before the engine loop runs."""
+
+    @pytest.mark.parametrize(
+        ("config", "match"),
+        [
+            ({"admission": {"name": "nope"}}, r"'admission'.*'nope'.*rate-limited"),
+            ({"preemption": {"name": "fastest"}}, r"'preemption'.*'fastest'.*cost-aware"),
+            ({"max_admissions_per_step": 0}, r"'max_admissions_per_step' must be >= 1"),
+            ({"max_admissions_per_step": -3}, r"'max_admissions_per_step' must be >= 1"),
+            ({"max_admissions_per_step": 2.5}, r"'max_admissions_per_step' must be an int"),
+            ({"offload": {"group_ttls": {"7": -60}}}, r"offload.group_ttls\['7'\].*>= 0"),
+            ({"offload": {"residual_ttl_s": -1}}, r"offload.residual_ttl_s"),
+        ],
+        ids=[
+            "unknown-admission",
+            "unknown-preemption",
+            "zero-cap",
+            "negative-cap",
+            "fractional-cap",
+            "negative-group-ttl",
+            "negative-residual-ttl",
+        ],
+    )
+    def test_bad_config_named(
+        self, vllm_sched: Callable[..., Any], config: dict[str, Any], match: str
+    ) -> None:
+        with pytest.raises(ConfigError, match=match):
+            vllm_sched(_kv(), num_blocks=64, kvpolicy=config)
+
+    def test_tenant_without_entitlement(
+        self, vllm_sched: Callable[..., Any], manifest: dict[str, Any]
+    ) -> None:
+        """A default tenant the pool does not entitle fails at startup, named."""
+        cfg = {"tenancy": {"manifest": manifest, "default_tenant": "nobody"}}
+        with pytest.raises(ConfigError, match=r"'tenancy.default_tenant'.*'nobody'"):
+            vllm_sched(_kv(), num_blocks=64, kvpolicy=cfg)
+
+    def test_untested_vllm_version(
+        self, vllm_sched: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A vLLM release this package was not tested against is refused at startup, naming
+        the config field that allows it; with the field set the scheduler builds."""
+        import vllm
+
+        from kvpolicy.vllm import UnsupportedVLLMError
+
+        monkeypatch.setattr(vllm, "__version__", "0.99.0")
+        with pytest.raises(
+            UnsupportedVLLMError, match=r"0\.99\.0 is untested.*'allow_untested_vllm'"
+        ):
+            vllm_sched(_kv(), num_blocks=64, kvpolicy={})
+        s = vllm_sched(_kv(), num_blocks=64, kvpolicy={"allow_untested_vllm": True})
+        assert s.kvpolicy_config.allow_untested_vllm
+
+    def test_offload_policy_negative_ttl_from_env(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The offload cache policy vLLM builds with its capacity only reads the config from
+        the environment; a negative TTL there fails when it is built, named."""
+        import json
+
+        pytest.importorskip("vllm", reason="the offload cache policy subclasses vLLM's")
+        from kvpolicy.vllm import ENV_VAR, GroupTTLCachePolicy
+
+        monkeypatch.setenv(ENV_VAR, json.dumps({"offload": {"group_ttls": {"3": -5}}}))
+        with pytest.raises(ConfigError, match=r"offload.group_ttls\['3'\].*>= 0"):
+            GroupTTLCachePolicy(16)

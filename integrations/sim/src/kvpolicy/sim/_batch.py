@@ -146,19 +146,20 @@ class Batch:
         # Every field comes from the engine's own checked state; validating each of the
         # batch's views at every iteration would cost more than the iteration itself.
         # KV resident is what has been computed (blocks reserved for a prompt's later
-        # chunks hold nothing yet), and "admitted" is the last admission, as in vLLM.
+        # chunks hold nothing yet): the prompt and every output fed back, not the last
+        # one (vLLM's num_computed_tokens); "admitted" is the last admission, as in vLLM.
         with attrs.validators.disabled():
             return tuple(
                 SequenceView(
                     request_id=s.rid,
                     prompt_len=s.req.prompt_len,
                     generated=s.generated,
-                    kv_tokens=min(s.pool_tokens, s.computed + (s.generated if s.decoding else 0)),
+                    kv_tokens=min(s.pool_tokens, s.written),
                     tenant=s.req.tenant,
                     priority=s.req.priority,
                     arrival_time=s.req.arrival_time,
                     admitted_time=s.admitted_at,
-                    computed_tokens=s.computed + (s.generated if s.decoding else 0),
+                    computed_tokens=s.written,
                 )
                 for s in self.running
             )
@@ -297,6 +298,16 @@ class Batch:
             out.append(s)
         return out
 
+    def order_running(self, now: float) -> bool:
+        """With a preemption order, put the running requests in the order vLLM serves them
+        under it: the order's first victim last (vLLM preempts the last of its running
+        list), so the order also decides who gets the iteration's token budget first when
+        it runs out. Returns whether the order changed anything."""
+        if self._preemption is None or all(s.decoding for s in self.running):
+            return False
+        self.running[:] = self._order(now)[::-1]
+        return True
+
     def preempt_until(self, fits: Callable[[], bool], now: float) -> None:
         """Preempt running requests in policy order until ``fits()`` holds."""
         if fits():
@@ -327,7 +338,7 @@ class Batch:
         self._res.drop(s)
         self._pool.free(s.rid)
         # Recomputation: the prompt and every output fed back so far are computed again.
-        self._rec.recomputed += s.computed + (s.generated if s.decoding else 0)
+        self._rec.recomputed += s.written
         if pre.mode == "restart":
             s.generated = 0  # the outputs are lost too: decode starts over
         s.target = s.req.prompt_len + s.generated

@@ -53,9 +53,9 @@ class Step:
         self.now = 0.0
         """Simulated time, seconds."""
         self.step = 0
+        """Iterations so far."""
         self.last_tokens = 0
         """Tokens computed by the last iteration (its token budget used)."""
-        """Iterations so far."""
 
     def prepare(self) -> tuple[bool, int, int]:
         """Before admission, as vLLM schedules its running requests first: preempt until
@@ -64,6 +64,8 @@ class Step:
         batch = self._batch
         preempted = False
         budget, need = self._demand(batch.running)
+        if budget <= 0 and batch.order_running(self.now):  # who waits depends on the order
+            budget, need = self._demand(batch.running)
         if need > batch.free_blocks:
             before = len(batch.running)
             batch.preempt_until(self._decodes_fit, self.now)
@@ -77,18 +79,21 @@ class Step:
 
     def _demand(self, running: list[Seq]) -> tuple[int, int]:
         """(token budget left after the running requests' tokens, blocks their decodes need
-        for one more token: one for each whose last block is full)."""
+        for one more token: one for each whose last block is full). As in vLLM, requests
+        get the budget in the running list's order; those after it runs out wait."""
         bs = self._batch.block_size
         budget = self._token_budget
         need = 0
         for s in running:
+            if budget <= 0:
+                break
             left = s.target - s.computed
             if left <= 0:
                 budget -= 1
                 if s.pool_tokens % bs == 0:
                     need += 1
             else:
-                budget -= left
+                budget -= min(left, budget)
         return budget, need
 
     def run(self, next_event: float, first_output: Callable[[int, float], None]) -> None:
@@ -104,11 +109,16 @@ class Step:
         batch = self._batch
         batch.preempt_until(self._decodes_fit, self.now)
         running = batch.running
-        dec = [s for s in running if s.computed >= s.target]  # decoding
-        budget = self._token_budget - len(dec)
+        # Tokens in the running list's order, as vLLM gives them; the rest wait.
+        budget = self._token_budget
+        dec: list[Seq] = []
         chunks: list[tuple[Seq, int]] = []
         for s in running:
-            if s.computed >= s.target or budget <= 0:
+            if budget <= 0:
+                break
+            if s.computed >= s.target:  # decoding
+                dec.append(s)
+                budget -= 1
                 continue
             c = min(s.target - s.computed, budget)
             budget -= c

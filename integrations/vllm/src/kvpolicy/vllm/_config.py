@@ -340,7 +340,7 @@ def load_config(source: Mapping[str, Any] | str | os.PathLike[str]) -> KVPolicyC
         return KVPolicyConfig(**kwargs)
     except ConfigError:
         raise
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
 
 

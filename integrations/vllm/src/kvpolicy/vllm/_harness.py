@@ -93,7 +93,7 @@ def make_scheduler(
         max_model_len=max_model_len,
         enable_chunked_prefill=True,
         async_scheduling=True,
-        policy=scheduling_policy,
+        policy=scheduling_policy,  # type: ignore[arg-type,unused-ignore]
         is_encoder_decoder=False,
     )
     model = ModelConfig(
@@ -197,12 +197,26 @@ def _vllm_request(req: WorkloadRequest, block_size: int, arrival: float) -> Any:
 
 
 def run_workload(
-    scheduler: Any, workload: Sequence[WorkloadRequest], *, max_steps: int = 1_000_000
+    scheduler: Any,
+    workload: Sequence[WorkloadRequest],
+    *,
+    max_steps: int = 1_000_000,
+    tied_arrivals: bool = False,
 ) -> RunStats:
     """Step ``workload`` through ``scheduler`` with a fake model runner until it drains.
 
     Each step: submit the requests arriving now, ``schedule()``, sample one token (id 7)
     for every scheduled request whose prefill is complete, ``update_from_output()``.
+
+    Args:
+        scheduler: vLLM's scheduler (:func:`make_scheduler`).
+        workload: the requests, submitted at their ``arrival_step`` (list order within a
+            step).
+        max_steps: most steps before giving up.
+        tied_arrivals: each request's ``arrival_time`` is its ``arrival_step``, so requests
+            submitted in one step tie (as they do in kvpolicy-sim, whose clock counts
+            steps); by default every request gets its own, later than the one before, as
+            on a live server.
 
     Raises:
         RuntimeError: the workload did not drain in ``max_steps`` steps.
@@ -222,7 +236,9 @@ def run_workload(
         if step >= max_steps:
             raise RuntimeError(f"workload did not drain in {max_steps} steps")
         while i < len(pending) and pending[i].arrival_step <= step:
-            scheduler.add_request(_vllm_request(pending[i], block_size, 1000.0 + i))
+            req = pending[i]
+            arrival = float(req.arrival_step) if tied_arrivals else 1000.0 + i
+            scheduler.add_request(_vllm_request(req, block_size, arrival))
             i += 1
         computed = {r.request_id: r.num_computed_tokens for r in scheduler.running}
         out = scheduler.schedule()

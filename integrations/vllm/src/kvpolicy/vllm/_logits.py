@@ -41,7 +41,7 @@ class _Slot:
         self.outputs = outputs  # vLLM's live list of the request's output token ids
 
 
-class ReturnSignalProcessor(LogitsProcessor):  # type: ignore[misc]
+class ReturnSignalProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore]
     """Per-token predicted return and risk from the next-token logits (argmax-invariant).
 
     Args:

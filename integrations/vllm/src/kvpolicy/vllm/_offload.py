@@ -32,7 +32,7 @@ __all__ = ["GroupTTLCachePolicy"]
 _TIER = "dram"
 
 
-class GroupTTLCachePolicy(CachePolicy):  # type: ignore[misc]
+class GroupTTLCachePolicy(CachePolicy):  # type: ignore[misc,unused-ignore]
     """vLLM ``CachePolicy`` applying tiers' ``GroupTTL`` to the CPU offloading cache.
 
     Args:

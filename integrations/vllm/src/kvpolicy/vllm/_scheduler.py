@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Iterator, Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, overload
 
 from kvpolicy.kvmodel import (
     AdmissionPolicy,
@@ -50,7 +51,40 @@ _log = logging.getLogger("kvpolicy.vllm")
 _HEAD = 1024  # most waiting requests shown to the admission policy per step
 
 
-class KVPolicyScheduler(AsyncScheduler):  # type: ignore[misc]
+class _QueueView(Sequence[KVRequest]):
+    """The head of vLLM's waiting queue as kvmodel requests, each built when a policy reads
+    it (greedy admission reads only the few that fit; the queue may hold thousands)."""
+
+    __slots__ = ("_reqs",)
+
+    def __init__(self, reqs: list[Request]) -> None:
+        self._reqs = reqs
+
+    @staticmethod
+    def _one(r: Request) -> KVRequest:
+        return KVRequest(
+            request_id=r.request_id,
+            prompt_len=max(1, r.num_tokens - r.num_computed_tokens),
+            decode_len=max(1, r.max_tokens),
+        )
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    @overload
+    def __getitem__(self, i: int) -> KVRequest: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[KVRequest]: ...
+    def __getitem__(self, i: int | slice) -> KVRequest | Sequence[KVRequest]:
+        if isinstance(i, slice):
+            return [self._one(r) for r in self._reqs[i]]
+        return self._one(self._reqs[i])
+
+    def __iter__(self) -> Iterator[KVRequest]:
+        return (self._one(r) for r in self._reqs)
+
+
+class KVPolicyScheduler(AsyncScheduler):  # type: ignore[misc,unused-ignore]
     """vLLM's ``AsyncScheduler`` with kvpolicy's admission cap, tenancy and preemption order.
 
     Built by vLLM with its usual arguments; the kvpolicy config comes from
@@ -177,15 +211,7 @@ class KVPolicyScheduler(AsyncScheduler):  # type: ignore[misc]
                 capacity_tokens=max(total, 1) * self.block_size,
                 running=tuple(self._view(r) for r in self.running),
             )
-            queue = [
-                KVRequest(
-                    request_id=r.request_id,
-                    prompt_len=max(1, r.num_tokens - r.num_computed_tokens),
-                    decode_len=max(1, r.max_tokens),
-                )
-                for r in waiting
-            ]
-            count = self._admission.admit(state, queue)
+            count = self._admission.admit(state, _QueueView(waiting))
             cap = count if cap is None else min(cap, count)
         if cap is not None and cap < len(self.waiting):
             self.capped_admissions += 1
