@@ -165,10 +165,12 @@ class TestPrefixCache:
         for i in range(4):
             pool.free(f"p{i}")  # free list: p0 p1 p2 p3
         hit = pool.allocate("h", 1, prefix_hashes=[101])  # takes p1's block from the middle
-        assert hit is not None and hit.cached_tokens == 1
+        assert hit is not None
+        assert hit.cached_tokens == 1
         assert (pool.num_free_blocks, pool.ref_count(1), pool.is_free(1)) == (3, 1, False)
         pool.free("h")  # free list: p0 p2 p3 p1
-        assert pool.is_free(1) and pool.ref_count(1) == 0
+        assert pool.is_free(1)
+        assert pool.ref_count(1) == 0
         for i in range(4):
             assert pool.allocate(f"n{i}", 1) is not None
             assert pool.pop_dropped_hashes() == [[100, 102, 103, 101][i]]
