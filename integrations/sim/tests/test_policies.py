@@ -21,7 +21,10 @@ from kvpolicy.sim import (
 
 evict = pytest.importorskip("kvpolicy.evict", reason="kvpolicy-evict is not installed")
 
-_PARAMS: dict[str, dict[str, Any]] = {"h2o": {"recent_window": 32}}
+_PARAMS: dict[str, dict[str, Any]] = {
+    "h2o": {"recent_window": 32},
+    "composed": {"policies": ["sink-window", {"name": "h2o", "params": {"recent_window": 8}}]},
+}
 _EVICTION = [n for n in part_names("eviction") if n != "none"]
 _PREEMPTION = [n for n in part_names("preemption") if n != "none"]
 

@@ -13,10 +13,12 @@ from kvpolicy.evict import (
     H2OPolicy,
     LRUPolicy,
     Periodic,
+    SinkWindowPolicy,
     TokenPDConfig,
     TokenPDPolicy,
+    default_policies,
 )
-from kvpolicy.kvmodel import ResidencyLedger, Scheduled
+from kvpolicy.kvmodel import EVICTION, RegistryError, ResidencyLedger, Scheduled, build
 
 
 def _evicted(out: object) -> dict[str, list[int]]:
@@ -158,3 +160,41 @@ class TestCadenceThroughTheLedger:
             12,
             13,
         ]
+
+
+class TestComposeByName:
+    def test_built_through_the_resolver(self) -> None:
+        """``composed`` builds its members by name, params and shares included."""
+        policy = build(
+            EVICTION,
+            "composed",
+            {
+                "policies": ["sink-window", {"name": "token-pd", "params": {"risk_aversion": 0.2}}],
+                "shares": [1, 3],
+            },
+        )
+        assert isinstance(policy, Composed)
+        assert [type(p) for p in policy.policies] == [SinkWindowPolicy, TokenPDPolicy]
+        assert policy.shares == (0.25, 0.75)
+
+    @pytest.mark.parametrize(
+        ("params", "error", "match"),
+        [
+            ({}, RegistryError, "param 'policies' is required"),
+            ({"policies": "h2o"}, RegistryError, "'policies' must be a list"),
+            ({"policies": ["h2o", {"nam": "lru"}]}, RegistryError, r"'policies\[1\]'"),
+            ({"policies": ["h2o", {"name": "lru", "x": 1}]}, RegistryError, "unknown keys"),
+            ({"policies": ["h2o", "lfu"]}, RegistryError, "unknown eviction policy 'lfu'"),
+            ({"policies": ["h2o"]}, RegistryError, "at least two policies"),
+        ],
+    )
+    def test_bad_params_are_named(
+        self, params: dict[str, object], error: type[Exception], match: str
+    ) -> None:
+        """A bad entry is an error naming it."""
+        with pytest.raises(error, match=match):
+            build(EVICTION, "composed", params)
+
+    def test_not_among_the_defaults(self) -> None:
+        """default_policies leaves out what needs params (composed names its members)."""
+        assert "composed" not in default_policies()

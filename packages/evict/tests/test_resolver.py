@@ -61,5 +61,7 @@ class TestParams:
 
     def test_unknown_name_lists_the_known(self) -> None:
         """An unknown name lists every installed policy."""
-        with pytest.raises(RegistryError, match="unknown eviction policy 'arc'; known: fifo, h2o"):
+        with pytest.raises(
+            RegistryError, match="unknown eviction policy 'arc'; known: composed, fifo, h2o"
+        ):
             build(EVICTION, "arc")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from kvpolicy.evict.__about__ import __version__
 from kvpolicy.evict._baselines import FIFOPolicy, H2OPolicy, LRUPolicy, SinkWindowPolicy
-from kvpolicy.evict._compose import Composed, Discarding
+from kvpolicy.evict._compose import Composed, Discarding, compose
 from kvpolicy.evict._errors import EvictError
 from kvpolicy.evict._knapsack import (
     KnapsackRun,
@@ -54,6 +54,7 @@ __all__ = [
     "TokenTable",
     "__version__",
     "clairvoyant_value",
+    "compose",
     "default_policies",
     "dual_update",
     "excess_value",

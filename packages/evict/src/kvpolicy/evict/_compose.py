@@ -24,15 +24,15 @@ updates its price, its keep rule may evict).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvpolicy.evict._table import check_budget
-from kvpolicy.kvmodel import EvictionPolicy, Scheduled
+from kvpolicy.kvmodel import EVICTION, EvictionPolicy, Scheduled, build
 
-__all__ = ["Composed", "Discarding"]
+__all__ = ["Composed", "Discarding", "compose"]
 
 
 @runtime_checkable
@@ -207,3 +207,44 @@ class Composed:
     def resident_tokens(self) -> int:
         """Tokens resident across every stream (the same in every member)."""
         return self._members[0].resident_tokens()
+
+
+def compose(
+    policies: Sequence[str | Mapping[str, Any]], shares: Sequence[float] | None = None
+) -> Composed:
+    """A :class:`Composed` policy of registered policies, named as in a stack file.
+
+    The ``composed`` entry point of ``kvpolicy.eviction``::
+
+        eviction:
+          name: composed
+          params:
+            policies: [sink-window, {name: token-pd, params: {risk_aversion: 0.2}}]
+            shares: [1, 3]
+
+    Args:
+        policies: two or more entries, each a ``kvpolicy.eviction`` name or a mapping with
+            ``name`` and optional ``params``, built by kvmodel's resolver in order.
+        shares: as for :class:`Composed`.
+
+    Raises:
+        TypeError / ValueError: an entry that is neither a name nor a mapping with ``name``
+            (named by its index), or what :class:`Composed` refuses.
+        RegistryError: an unknown name or a bad param of an entry (named).
+    """
+    if isinstance(policies, str | bytes) or not isinstance(policies, Sequence):
+        raise TypeError(f"'policies' must be a list of policy names or mappings: {policies!r}")
+    built: list[EvictionPolicy] = []
+    for i, entry in enumerate(policies):
+        if isinstance(entry, str):
+            built.append(build(EVICTION, entry))
+            continue
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            raise TypeError(
+                f"'policies[{i}]' must be a policy name or a mapping with 'name': {entry!r}"
+            )
+        unknown = sorted(set(entry) - {"name", "params"})
+        if unknown:
+            raise ValueError(f"'policies[{i}]' has unknown keys {unknown}; allowed: name, params")
+        built.append(build(EVICTION, entry["name"], entry.get("params")))
+    return Composed(built, shares)

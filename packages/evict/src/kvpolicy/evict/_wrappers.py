@@ -15,7 +15,7 @@ from kvpolicy.evict._compose import Composed
 from kvpolicy.evict._scored import ScoredPolicy
 from kvpolicy.evict._table import check_budget
 from kvpolicy.evict._tokenpd import TokenPDPolicy
-from kvpolicy.kvmodel import EVICTION, EvictionPolicy, build, names
+from kvpolicy.kvmodel import EVICTION, EvictionPolicy, build, describe, names
 
 __all__ = ["Periodic", "Protected", "default_policies"]
 
@@ -224,12 +224,17 @@ class Protected(ScoredPolicy):
 def default_policies() -> dict[str, EvictionPolicy]:
     """A fresh instance of every registered eviction policy, wrapper and composition, by label.
 
-    Every ``kvpolicy.eviction`` entry point built with its defaults (labelled by its name),
+    Every ``kvpolicy.eviction`` entry point that needs no params, built with its defaults
+    (labelled by its name),
     plus :class:`Periodic`, :class:`Protected` and :class:`~kvpolicy.evict.Composed` around
     some of them: what a conformance suite of kvmodel's ``EvictionPolicy`` Protocol runs
     over.
     """
-    out: dict[str, EvictionPolicy] = {name: build(EVICTION, name) for name in names(EVICTION)}
+    out: dict[str, EvictionPolicy] = {
+        name: build(EVICTION, name)
+        for name in names(EVICTION)
+        if not any(p.required for p in describe(EVICTION, name))  # composed names members
+    }
     out["periodic(token-pd, 4)"] = Periodic(build(EVICTION, "token-pd"), interval=4)
     out["periodic(h2o, 1)"] = Periodic(build(EVICTION, "h2o"), interval=1)
     out["protected(lru, 2, 3)"] = Protected(LRUPolicy(), num_sink=2, recent_window=3)

@@ -12,7 +12,7 @@ from attrs.validators import ge, gt, instance_of, le
 from kvpolicy.evict._returns import ReturnPredictor
 from kvpolicy.evict.quality._decode import decode_perplexity
 from kvpolicy.evict.quality._model import CausalLM
-from kvpolicy.kvmodel import EVICTION, EvictionPolicy, build, names
+from kvpolicy.kvmodel import EVICTION, EvictionPolicy, build, describe, names
 
 __all__ = [
     "FULL",
@@ -27,9 +27,13 @@ __all__ = [
 FULL = "full"
 """Name of the no-eviction baseline (the full KV cache)."""
 
-POLICY_CHOICES: tuple[str, ...] = (FULL, *names(EVICTION))
+POLICY_CHOICES: tuple[str, ...] = (
+    FULL,
+    *(n for n in names(EVICTION) if not any(p.required for p in describe(EVICTION, n))),
+)
 """Names :func:`policy_factory` knows: the full cache and every installed eviction policy
-(``kvpolicy.eviction`` entry points)."""
+(``kvpolicy.eviction`` entry points) that needs no params (``composed`` names its members,
+so it is built in Python or a stack file, not here)."""
 
 
 @frozen
