@@ -23,9 +23,27 @@ def group() -> None:
     "of requests (prompt_len, max_tokens, prefix, prefix_id, arrival_step).",
 )
 @click.option("--num-blocks", type=click.IntRange(min=2), required=True, help="KV blocks.")
-@click.option("--block-size", type=click.IntRange(min=1), default=16, help="Tokens per block.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=256, help="Most running.")
-@click.option("--token-budget", type=click.IntRange(min=1), default=2048, help="Tokens per step.")
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Tokens per KV block, both sides.",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Most requests running at once, both sides.",
+)
+@click.option(
+    "--token-budget",
+    type=click.IntRange(min=1),
+    default=2048,
+    show_default=True,
+    help="Tokens computed per step, both sides.",
+)
 @click.option("--prefix-caching", is_flag=True, help="Prefix caching on both sides.")
 @click.option(
     "--kvpolicy",
