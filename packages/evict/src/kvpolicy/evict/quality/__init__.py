@@ -39,6 +39,7 @@ from kvpolicy.evict.quality._model import (
     QualityDependencyError,
     cache_dir,
     load_smollm2,
+    publish_dir,
     require_quality_deps,
 )
 from kvpolicy.evict.quality._record import (
@@ -54,9 +55,11 @@ from kvpolicy.evict.quality._stats import (
     validate_attention,
 )
 from kvpolicy.evict.quality._texts import (
+    EVAL_TEXTS,
     LICENSES_DIR,
     TRAINING_LICENSES,
     default_text,
+    eval_text,
     gpl3_path,
     training_texts,
 )
@@ -69,6 +72,7 @@ from kvpolicy.evict.quality._train import (
 )
 
 __all__ = [
+    "EVAL_TEXTS",
     "FULL",
     "GGUF_FILE",
     "INSTALL_HINT",
@@ -86,6 +90,7 @@ __all__ = [
     "cache_dir",
     "decode_perplexity",
     "default_text",
+    "eval_text",
     "evaluate",
     "feature_kind",
     "gpl3_path",
@@ -96,6 +101,7 @@ __all__ = [
     "mlp_checkpoint_path",
     "model_attention_statistics",
     "policy_factory",
+    "publish_dir",
     "record_returns",
     "record_windows",
     "require_quality_deps",

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import inspect
 import math
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 from attrs import field, frozen
 from attrs.validators import ge, instance_of
 
@@ -113,6 +115,27 @@ class DecodeResult:
     mean_resident: float = field(validator=instance_of(float))
     """Mean over steps and layers of the resident count after eviction (a policy may keep
     fewer tokens than the budget: Token-PD's keep rule evicts every token priced out)."""
+    nll: NDArray[np.float64] = field(factory=lambda: np.empty(0), eq=False)
+    """(tokens - 1,) next-token negative log-likelihood at each predicted position (the
+    bootstrap of :func:`bootstrap_ratio` resamples these)."""
+    correct: NDArray[np.bool_] = field(factory=lambda: np.empty(0, dtype=bool), eq=False)
+    """(tokens - 1,) whether the most likely next token (argmax of the logits) was the
+    actual one, at each predicted position (the key-value lookup scores these)."""
+    seconds: float = field(default=0.0, converter=float)
+    """Wall-clock seconds of the decoding loop (model, predictor and policy)."""
+    policy_seconds: float = field(default=0.0, converter=float)
+    """Seconds of those spent outside the model's forward pass: reading attention, the
+    predictor, the policy's insert/observe/evict and cutting the cache."""
+
+    @property
+    def ms_per_step(self) -> float:
+        """Mean wall-clock milliseconds per decoded token."""
+        return 1000.0 * self.seconds / max(self.tokens - 1, 1)
+
+    @property
+    def policy_ms_per_step(self) -> float:
+        """Mean milliseconds per decoded token spent on eviction outside the model."""
+        return 1000.0 * self.policy_seconds / max(self.tokens - 1, 1)
 
 
 def decode_perplexity(
@@ -180,9 +203,12 @@ def _decode(
     streams = [f"layer{i}" for i in range(layers)]
     # resident[l][j] is the true position of the j-th cached key of layer l.
     resident = [np.empty(0, dtype=np.int64) for _ in range(layers)]
-    nll = 0.0
+    nll = np.empty(n - 1, dtype=np.float64)
+    correct = np.zeros(n - 1, dtype=bool)
     max_resident = 0
     resident_sum = 0
+    outside = 0.0
+    start = time.perf_counter()
     with torch.no_grad():
         for t in range(n - 1):
             kv_len = max(len(r) for r in resident)
@@ -197,7 +223,9 @@ def _decode(
                 **{cache_arg: cache},
             )
             logits = out.logits[0, -1].float()
-            nll -= float(torch.log_softmax(logits, dim=-1)[ids[t + 1]])
+            nll[t] = -float(torch.log_softmax(logits, dim=-1)[ids[t + 1]])
+            correct[t] = int(torch.argmax(logits)) == int(ids[t + 1])
+            step_start = time.perf_counter()
             for layer in range(layers):
                 resident[layer] = np.append(resident[layer], np.int64(t))
             if policies is None:
@@ -241,13 +269,18 @@ def _decode(
                         )
                     max_resident = max(max_resident, len(resident[layer]))
                     resident_sum += len(resident[layer])
+            outside += time.perf_counter() - step_start
             if progress is not None:
                 progress(1)
     return DecodeResult(
-        perplexity=math.exp(nll / (n - 1)),
+        perplexity=math.exp(float(nll.mean())),
         tokens=n,
         max_resident=max_resident,
         mean_resident=resident_sum / ((n - 1) * layers),
+        nll=nll,
+        correct=correct,
+        seconds=time.perf_counter() - start,
+        policy_seconds=outside,
     )
 
 
