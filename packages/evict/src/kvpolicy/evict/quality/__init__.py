@@ -29,6 +29,7 @@ from kvpolicy.evict.quality._eval import (
     QualityResult,
     budget_tokens,
     evaluate,
+    parse_policy,
     policy_factory,
     validate_budgets,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "mean_attention",
     "mlp_checkpoint_path",
     "model_attention_statistics",
+    "parse_policy",
     "policy_factory",
     "publish_dir",
     "record_returns",

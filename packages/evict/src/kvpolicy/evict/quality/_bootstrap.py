@@ -54,7 +54,7 @@ def _block_means(
     if not isinstance(block, int) or block < 1:
         raise ValueError(f"'block' must be an int >= 1: {block!r}")
     n = values.size
-    block = min(block, n)
+    block = max(1, min(block, n // 8))  # at least 8 blocks, else the resamples barely vary
     blocks = -(-n // block)
     rng = np.random.default_rng(seed)
     starts = rng.integers(0, n, size=(reps, blocks))
