@@ -20,6 +20,7 @@ from __future__ import annotations
 from kvpolicy.evict.quality._decode import (
     DecodeResult,
     FeatureKind,
+    decode_batch,
     decode_perplexity,
     feature_kind,
 )
@@ -89,6 +90,7 @@ __all__ = [
     "attention_statistics",
     "budget_tokens",
     "cache_dir",
+    "decode_batch",
     "decode_perplexity",
     "default_text",
     "eval_text",

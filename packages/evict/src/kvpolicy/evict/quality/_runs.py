@@ -19,7 +19,7 @@ import numpy as np
 
 from kvpolicy.evict._returns import ReturnPredictor
 from kvpolicy.evict.quality._bootstrap import bootstrap_perplexity, bootstrap_ratio
-from kvpolicy.evict.quality._decode import DecodeResult, decode_perplexity
+from kvpolicy.evict.quality._decode import DecodeResult, decode_batch, decode_perplexity
 from kvpolicy.evict.quality._eval import FULL, budget_tokens, policy_factory
 from kvpolicy.evict.quality._lookup import LookupTask, lookup_accuracy
 from kvpolicy.evict.quality._model import CausalLM
@@ -30,6 +30,7 @@ __all__ = [
     "append_row",
     "compare_to_full",
     "decode_row",
+    "decode_rows",
     "missing",
     "read_rows",
     "result_row",
@@ -162,6 +163,51 @@ def decode_row(
         result=r,
         lookup=lookup,
     )
+
+
+def decode_rows(
+    lm: CausalLM,
+    input_ids: Sequence[Any],
+    *,
+    task: str,
+    texts: Sequence[str],
+    policy: str,
+    budget: float,
+    predictor: ReturnPredictor | None,
+    predictor_name: str,
+    lookups: Sequence[LookupTask | None] | None = None,
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """:func:`decode_row` of several texts of one length as one batch
+    (:func:`~kvpolicy.evict.quality.decode_batch`): one row per text, each timed by the
+    whole batch (``batch`` in the row says how many texts shared it)."""
+    import torch
+
+    batch = torch.stack([torch.as_tensor(i, dtype=torch.long) for i in input_ids])
+    n = int(batch.shape[1])
+    factory = policy_factory(policy)
+    if factory is None:
+        results = decode_batch(lm, batch, None, n, progress=progress)
+        k, budget = n, 1.0
+    else:
+        k = budget_tokens(budget, n)
+        results = decode_batch(lm, batch, lambda: factory(k), k, predictor, progress=progress)
+    tasks = list(lookups) if lookups is not None else [None] * len(texts)
+    return [
+        result_row(
+            task=task,
+            text=text,
+            tokens=n,
+            policy=policy,
+            budget=budget,
+            kept=k,
+            predictor=predictor_name if factory is not None else "-",
+            result=r,
+            lookup=lookup,
+            extra={"batch": len(texts)},
+        )
+        for text, lookup, r in zip(texts, tasks, results, strict=True)
+    ]
 
 
 def compare_to_full(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
