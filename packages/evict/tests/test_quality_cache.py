@@ -86,7 +86,7 @@ def test_two_concurrent_first_runs_of_the_real_model(tmp_path: pathlib.Path) -> 
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]
     assert outs[0][0] == outs[1][0]
     assert [p.name for p in tmp_path.iterdir()] == ["smollm2-135m-instruct-fp32"]

@@ -36,10 +36,7 @@ class CharTokenizer:
     """One token per character (ids are code points mod 97, as the tiny Llama's vocab)."""
 
     def __call__(self, text: str, add_special_tokens: bool = False) -> object:
-        class Out:
-            input_ids = [ord(c) % 97 for c in text]
-
-        return Out()
+        return type("Encoding", (), {"input_ids": [ord(c) % 97 for c in text]})()
 
 
 class TestBootstrap:
@@ -56,7 +53,8 @@ class TestBootstrap:
         worse = nll + math.log(1.01)
         iv = bootstrap_ratio(worse, nll)
         assert iv.value == pytest.approx(1.01)
-        assert iv.low == pytest.approx(1.01) and iv.high == pytest.approx(1.01)
+        assert iv.low == pytest.approx(1.01)
+        assert iv.high == pytest.approx(1.01)
         own = bootstrap_perplexity(nll)
         assert own.high / own.low > 1.05
 
@@ -80,7 +78,8 @@ class TestPolicyLabels:
     def test_parameters_and_budget_fractions(self) -> None:
         name, params = parse_policy("token-pd:num_sink=4:recent_window=0.25b:keep_rule=false")
         assert name == "token-pd"
-        assert params["num_sink"] == 4 and params["keep_rule"] is False
+        assert params["num_sink"] == 4
+        assert params["keep_rule"] is False
         policy = policy_factory("token-pd:num_sink=4:recent_window=0.25b")(128)  # type: ignore[misc]
         assert isinstance(policy, TokenPDPolicy)
         assert (policy.config.num_sink, policy.config.recent_window) == (4, 32)
@@ -113,7 +112,8 @@ class TestLookup:
         tok = CharTokenizer()
         task = build_lookup(tok, "lorem ipsum " * 100, 600, records=3, digits=4, seed=3)
         ids = task.input_ids.tolist()
-        assert len(ids) == 600 and task.records == 3
+        assert len(ids) == 600
+        assert task.records == 3
         assert len(task.scored) == 12
         digits = {ord(d) % 97 for d in "0123456789"}
         assert all(ids[t + 1] in digits for t in task.scored)
@@ -136,7 +136,9 @@ class TestLookup:
 
 
 class TestRows:
-    def test_decode_rows_resume_and_compare(self, tiny_lm: CausalLM, tmp_path: pathlib.Path) -> None:
+    def test_decode_rows_resume_and_compare(
+        self, tiny_lm: CausalLM, tmp_path: pathlib.Path
+    ) -> None:
         ids = torch.randint(0, 97, (40,), generator=torch.Generator().manual_seed(4))
         out = tmp_path / "rows.jsonl"
         common = {"task": "ppl", "text": "t", "predictor": None, "predictor_name": "none"}
@@ -166,9 +168,37 @@ class TestRows:
     def test_decode_result_keeps_losses_and_argmax_hits(self, tiny_lm: CausalLM) -> None:
         ids = torch.randint(0, 97, (30,), generator=torch.Generator().manual_seed(5))
         r = decode_perplexity(tiny_lm, ids, None, 30)
-        assert r.nll.shape == (29,) and r.correct.shape == (29,)
+        assert r.nll.shape == (29,)
+        assert r.correct.shape == (29,)
         assert r.perplexity == pytest.approx(math.exp(r.nll.mean()))
         with torch.no_grad():
             logits = tiny_lm.model(input_ids=ids.view(1, -1)).logits[0, :-1]
         assert np.array_equal(r.correct, (logits.argmax(-1) == ids[1:]).numpy())
-        assert r.seconds > 0 and r.ms_per_step > 0
+        assert r.seconds > 0
+        assert r.ms_per_step > 0
+
+
+class TestRankCorrelation:
+    def test_monotone_and_reversed(self) -> None:
+        from kvpolicy.evict.quality import rank_correlation
+
+        x = np.array([0.1, 0.5, 0.2, 0.9, 0.3])
+        assert rank_correlation(x, x**3) == pytest.approx(1.0)
+        assert rank_correlation(x, -x) == pytest.approx(-1.0)
+
+    def test_ties_get_mean_ranks(self) -> None:
+        from kvpolicy.evict.quality import rank_correlation
+
+        # Spearman's rho with tied ranks is Pearson's r of the mean ranks.
+        x = np.array([1.0, 1.0, 2.0, 3.0])
+        y = np.array([1.0, 2.0, 3.0, 4.0])
+        rx = np.array([0.5, 0.5, 2.0, 3.0])
+        assert rank_correlation(x, y) == pytest.approx(np.corrcoef(rx, np.arange(4.0))[0, 1])
+
+    def test_constant_is_undefined(self) -> None:
+        from kvpolicy.evict.quality import rank_correlation
+
+        with pytest.raises(ValueError, match="constant"):
+            rank_correlation(np.ones(5), np.arange(5.0))
+        with pytest.raises(ValueError, match="n >= 3"):
+            rank_correlation(np.ones(2), np.ones(2))

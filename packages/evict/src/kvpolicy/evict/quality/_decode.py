@@ -20,13 +20,13 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from numpy.typing import NDArray
 from attrs import field, frozen
 from attrs.validators import ge, instance_of
+from numpy.typing import NDArray
 
 from kvpolicy.evict._returns import ReturnPredictor
 from kvpolicy.evict.predictors import CompactReturnPredictor, compact_features
@@ -173,7 +173,7 @@ def decode_perplexity(
 def decode_batch(
     lm: CausalLM,
     input_ids: Any,
-    make_policy: Callable[[], EvictionPolicy] | None,
+    make_policy: Callable[[], EvictionPolicy] | Sequence[Callable[[], EvictionPolicy]] | None,
     budget_tokens: int,
     predictor: ReturnPredictor | None = None,
     progress: Callable[[int], None] | None = None,
@@ -188,7 +188,9 @@ def decode_batch(
     different number per text, so decode those texts one at a time.
 
     Args:
-        input_ids: (texts, n) int64 torch tensor.
+        input_ids: (texts, n) int64 torch tensor (one text may repeat, to compare several
+            policies on it in one pass).
+        make_policy: one factory for every text, or one per text (row of ``input_ids``).
 
     Returns:
         One result per text; each is timed by the whole batch.
@@ -210,11 +212,12 @@ def decode_batch(
         raise ValueError(f"'budget_tokens' must be an int >= 1: {budget_tokens!r}")
     kind = feature_kind(predictor) if predictor is not None else "compact"
     layers = lm.num_layers
-    policies = (
-        [[make_policy() for _ in range(layers)] for _ in range(int(ids.shape[0]))]
-        if make_policy is not None
-        else None
-    )
+    makers = [make_policy] * int(ids.shape[0]) if callable(make_policy) else make_policy
+    if makers is not None and len(makers) != int(ids.shape[0]):
+        raise ValueError(
+            f"'make_policy' lists {len(makers)} factories for {int(ids.shape[0])} texts"
+        )
+    policies = [[mp() for _ in range(layers)] for mp in makers] if makers is not None else None
     cache = DynamicCache(config=lm.model.config)
     _register_attention()
     previous = lm.model.config._attn_implementation

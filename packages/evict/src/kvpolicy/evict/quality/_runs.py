@@ -9,7 +9,6 @@ peer harness for NVIDIA's kvpress (``benchmarks/kvpress_peers.py``) writes the s
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -149,9 +148,7 @@ def decode_row(
         k, budget = n, 1.0
     else:
         k = budget_tokens(budget, n)
-        r = decode_perplexity(
-            lm, input_ids, lambda: factory(k), k, predictor, progress=progress
-        )
+        r = decode_perplexity(lm, input_ids, lambda: factory(k), k, predictor, progress=progress)
     return result_row(
         task=task,
         text=text,
@@ -216,9 +213,7 @@ def compare_to_full(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     (``ratio_low``, ``ratio_high``), and per-step overhead over the full cache
     (``overhead_ms``); rows without a full-cache partner get None."""
     rows = list(rows)
-    full = {
-        (r["task"], r["text"], r["tokens"]): r for r in rows if r["policy"] == FULL
-    }
+    full = {(r["task"], r["text"], r["tokens"]): r for r in rows if r["policy"] == FULL}
     out = []
     for r in rows:
         ref = full.get((r["task"], r["text"], r["tokens"]))
@@ -238,5 +233,3 @@ def missing(
     """The ``wanted`` run keys (dicts of :data:`ROW_KEY`) not yet in ``done``."""
     have = {row_key(r) for r in done}
     return [dict(w) for w in wanted if row_key(w) not in have]
-
-

@@ -41,8 +41,8 @@ import math
 import pathlib
 import sys
 import time
-from importlib.metadata import version as _version
 from collections.abc import Callable
+from importlib.metadata import version as _version
 from typing import Any
 
 import numpy as np
@@ -74,8 +74,8 @@ def _order_kept(scorer: Any) -> Any:
     """``scorer`` wrapped so that compression keeps its entries in position order."""
     from dataclasses import dataclass, field
 
-    from kvpress import ScorerPress
-    from kvpress.utils import compute_n_kept
+    from kvpress import ScorerPress  # type: ignore[import-not-found]
+    from kvpress.utils import compute_n_kept  # type: ignore[import-not-found]
 
     @dataclass
     class OrderKept(ScorerPress):  # type: ignore[misc]
@@ -108,9 +108,7 @@ def _order_kept(scorer: Any) -> Any:
     return OrderKept(inner=scorer)
 
 
-def make_press(
-    name: str, budget: int, *, order_kept: bool = True
-) -> tuple[Any, int, int]:
+def make_press(name: str, budget: int, *, order_kept: bool = True) -> tuple[Any, int, int]:
     """``(DecodingPress, compression_interval, target_size)`` of a press for ``budget``
     tokens per layer (see the module docstring for the mapping).
 
@@ -153,13 +151,13 @@ def decode_with_press(
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
     rows, n = int(ids.shape[0]), int(ids.shape[1])
-    cache = DynamicCache(config=lm.model.config)
+    cache: Any = DynamicCache(config=lm.model.config)
     nll = np.empty((rows, n - 1))
     correct = np.zeros((rows, n - 1), dtype=bool)
     resident_sum = 0
     max_resident = 0
     start = time.perf_counter()
-    context = press(lm.model) if press is not None else _null()
+    context = press(lm.model) if press is not None else _NoPress()
     with torch.no_grad(), context:
         for t in range(n - 1):
             out = lm.model(
@@ -194,7 +192,7 @@ def decode_with_press(
     ]
 
 
-class _null:
+class _NoPress:
     def __enter__(self) -> None:
         return None
 
@@ -256,8 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     for label, b in runs:
         b = 1.0 if label == "full" else b
         keys = [
-            {"task": args.task, "text": text, "tokens": args.tokens, "policy": label,
-             "budget": b, "predictor": "-"}
+            {
+                "task": args.task,
+                "text": text,
+                "tokens": args.tokens,
+                "policy": label,
+                "budget": b,
+                "predictor": "-",
+            }
             for text in texts
         ]
         if all(row_key(key) in done for key in keys):
@@ -277,12 +281,24 @@ def main(argv: list[str] | None = None) -> int:
         for text, key, lookup, r in zip(texts, keys, lookups, results, strict=True):
             if row_key(key) in done:
                 continue
-            row = result_row(task=args.task, text=text, tokens=args.tokens, policy=label,
-                             budget=b, kept=k, predictor="-", result=r, lookup=lookup,
-                             extra=extra)
+            row = result_row(
+                task=args.task,
+                text=text,
+                tokens=args.tokens,
+                policy=label,
+                budget=b,
+                kept=k,
+                predictor="-",
+                result=r,
+                lookup=lookup,
+                extra=extra,
+            )
             append_row(args.out, row)
-            print(f"{text} {label} {b:g}: ppl {r.perplexity:.3f} acc {row['accuracy']} "
-                  f"resident {r.mean_resident:.1f} {r.ms_per_step:.0f} ms/step", flush=True)
+            print(
+                f"{text} {label} {b:g}: ppl {r.perplexity:.3f} acc {row['accuracy']} "
+                f"resident {r.mean_resident:.1f} {r.ms_per_step:.0f} ms/step",
+                flush=True,
+            )
     return 0
 
 
