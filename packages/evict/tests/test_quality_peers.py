@@ -8,11 +8,11 @@ import torch
 
 pytest.importorskip("kvpress", reason="kvpress is installed only by the quality_peers session")
 
-from kvpolicy.evict import SinkWindowPolicy  # noqa: E402
-from kvpolicy.evict.quality import CausalLM, decode_perplexity  # noqa: E402
-from kvpolicy.evict.quality.kvpress_peers import decode_with_press, make_press  # noqa: E402
+from kvpolicy.evict import SinkWindowPolicy
+from kvpolicy.evict.quality import CausalLM, decode_perplexity
+from kvpolicy.evict.quality.kvpress_peers import decode_with_press, make_press
 
-from .test_quality import make_tiny_lm  # noqa: E402
+from .test_quality import make_tiny_lm
 
 N = 48
 
