@@ -36,6 +36,11 @@ def _parse_policies(value: str) -> list[str]:
     from kvpolicy.evict.quality import parse_policy
 
     for name in names:
+        if name.split(":")[0] not in POLICY_CHOICES:
+            raise click.BadParameter(
+                f"unknown policy {name.split(':')[0]!r}; known: {', '.join(POLICY_CHOICES)}",
+                param_hint="'--policy'",
+            )
         try:
             parse_policy(name)
         except ValueError as exc:
@@ -296,7 +301,8 @@ def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_j
     if as_json:
         click.echo(json.dumps(table_rows, indent=2))
         return
-    table = Table(title=f"{model}, {tokens} tokens, task {task}")
+    what = "Perplexity" if task == "ppl" else "Lookup accuracy and perplexity"
+    table = Table(title=f"{what} of {model} on {tokens} tokens")
     cols = ["text", "policy", "budget", "tokens/layer", "mean resident", "perplexity (95% CI)"]
     cols += ["vs full (95% CI)", "ms/step", "policy ms/step"]
     if task == "lookup":
