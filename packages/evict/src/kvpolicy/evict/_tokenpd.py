@@ -82,6 +82,11 @@ class TokenPDConfig:
     """``sigma_hat^2`` of a token inserted without a risk column."""
     prior_weight: float = _float_field(1.0, ge(0.0))
     """How many observed steps the predicted return counts for in the running estimate."""
+    memory: int = _int_field(0)
+    """Observations the running estimate remembers: 0 averages every step since insertion
+    (Welford); ``k > 0`` weights the last ~``k`` steps, an exponential moving average with
+    weight ``1/k`` once a token has been observed ``k`` times, so a token whose attention
+    has faded loses value (not in seed 000)."""
     keep_rule: bool = field(default=True, validator=instance_of(bool))
     """Apply eq. 4 (evict every ``g < 0``, even under budget); False only enforces the budget."""
     num_sink: int = _int_field(0)
@@ -253,9 +258,19 @@ class TokenPDPolicy(ScoredPolicy):
         count, mean_col = col("count"), col("mean")
         n = count[slots] + 1.0
         delta = attention - mean_col[slots]
-        mean = mean_col[slots] + delta / n
-        col("m2")[slots] += delta * (attention - mean)
-        mean_col[slots] = mean
+        k = self._cfg.memory
+        if k:
+            # Exponential moving average once n reaches k: the count stops at k and the
+            # sum of squared deviations decays with it (m2 / n stays the running variance).
+            n = np.minimum(n, float(k))
+            w = 1.0 / n
+            var = col("m2")[slots] / np.maximum(count[slots], 1.0)
+            col("m2")[slots] = (1.0 - w) * (var + w * delta * delta) * n
+            mean_col[slots] = mean_col[slots] + w * delta
+        else:
+            mean = mean_col[slots] + delta / n
+            col("m2")[slots] += delta * (attention - mean)
+            mean_col[slots] = mean
         count[slots] = n
         self.table.set_keys(slots, self._value(slots))
 

@@ -25,7 +25,7 @@ from kvpolicy.evict.quality import FULL, POLICY_CHOICES, require_quality_deps
 
 __all__ = ["group"]
 
-_PREDICTORS = ("compact", "mlp", "constant")
+_PREDICTORS = ("compact", "mlp", "constant", "none")
 _DEFAULT_POLICIES = "full,token-pd,h2o,sink-window,lru"
 
 
@@ -33,13 +33,38 @@ def _parse_policies(value: str) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
     if not names:
         raise click.BadParameter("give at least one policy", param_hint="'--policy'")
+    from kvpolicy.evict.quality import parse_policy
+
     for name in names:
-        if name not in POLICY_CHOICES:
+        if name.split(":")[0] not in POLICY_CHOICES:
             raise click.BadParameter(
-                f"unknown policy {name!r}; known: {', '.join(POLICY_CHOICES)}",
+                f"unknown policy {name.split(':')[0]!r}; known: {', '.join(POLICY_CHOICES)}",
                 param_hint="'--policy'",
             )
+        try:
+            parse_policy(name)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--policy'") from None
     return list(dict.fromkeys(names))
+
+
+def _parse_texts(value: str | None) -> list[tuple[str, str]]:
+    """``(name, content)`` of each text: an EVAL_TEXTS name or an existing file."""
+    from kvpolicy.evict.quality import EVAL_TEXTS, eval_text
+
+    out = []
+    for part in [v.strip() for v in (value or "docs").split(",") if v.strip()] or ["docs"]:
+        if part in EVAL_TEXTS:
+            out.append((part, eval_text(part)[0]))
+            continue
+        path = pathlib.Path(part)
+        if not path.is_file():
+            raise click.BadParameter(
+                f"{part!r} is neither a text name ({', '.join(EVAL_TEXTS)}) nor a file",
+                param_hint="'--text'",
+            )
+        out.append((str(path), path.read_text(errors="replace")))
+    return out
 
 
 def _parse_budgets(value: str) -> list[float]:
@@ -84,6 +109,8 @@ def _predictor(kind: str, lm: Any) -> Any:
         return default_compact()
     if kind == "constant":
         return ConstantReturnPredictor()
+    if kind == "none":
+        return None
     from kvpolicy.evict.predictors import load_mlp
     from kvpolicy.evict.quality import mlp_checkpoint_path
 
@@ -117,7 +144,11 @@ def group() -> None:
     "policies",
     default=_DEFAULT_POLICIES,
     show_default=True,
-    help=f"Comma-separated policies: {', '.join(POLICY_CHOICES)}.",
+    help=(
+        f"Comma-separated policies: {', '.join(POLICY_CHOICES)}; a policy may set parameters, "
+        "NAME:KEY=VALUE[:KEY=VALUE], a value ending in b being a fraction of the budget "
+        "(token-pd:num_sink=4:recent_window=0.25b)."
+    ),
 )
 @click.option(
     "--budget",
@@ -129,64 +160,175 @@ def group() -> None:
 @click.option("--tokens", type=click.IntRange(min=2), default=512, show_default=True)
 @click.option(
     "--text",
-    type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
+    "texts",
     default=None,
-    help="Text file to decode (default: Python's pydoc_data.topics).",
+    help=(
+        "Comma-separated texts: names (license = GPL-3, code = argparse.py, docs = "
+        "pydoc_data.topics) or files (default: docs)."
+    ),
+)
+@click.option(
+    "--task",
+    type=click.Choice(["ppl", "lookup"]),
+    default="ppl",
+    show_default=True,
+    help="ppl: perplexity of the text; lookup: accuracy on records planted before it.",
 )
 @click.option(
     "--predictor",
     type=click.Choice(_PREDICTORS),
     default="compact",
     show_default=True,
-    help="Return predictor feeding Token-PD's signals.",
+    help="Return predictor feeding Token-PD's signals (none: observed attention only).",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    default=None,
+    help="JSON-lines results file: each run is appended as it finishes and runs already "
+    "in it are skipped (resume, or one policy per invocation).",
+)
+@click.option(
+    "--batch-texts",
+    is_flag=True,
+    help="Decode the texts of each (policy, budget) as one batch: faster on a CPU; needs "
+    "policies that fill their budget (Token-PD only with keep_rule=false).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of results.")
 def eval_(
     policies: str,
     budgets: str,
     tokens: int,
-    text: pathlib.Path | None,
+    texts: str | None,
+    task: str,
     predictor: str,
+    out: pathlib.Path | None,
+    batch_texts: bool,
     as_json: bool,
 ) -> None:
-    """Perplexity of each policy at each budget, decoding TOKENS tokens one at a time."""
+    """Perplexity (or lookup accuracy) of each policy at each budget, decoding TOKENS tokens
+    one at a time."""
     names = _parse_policies(policies)
     fractions = _parse_budgets(budgets)
+    sources = _parse_texts(texts)
     _require()
-    from kvpolicy.evict.quality import evaluate, load_smollm2, policy_factory
+    import torch
+
+    from kvpolicy.evict.quality import load_smollm2
+    from kvpolicy.evict.quality._lookup import build_lookup
+    from kvpolicy.evict.quality._runs import append_row, decode_rows, missing, read_rows
 
     console = Console(stderr=True)
-    content, source = _read_text(text)
+    torch.set_num_threads(1)  # one step is a chain of small ops: threads only contend
     with console.status("loading SmolLM2-135M-Instruct"):
         lm = load_smollm2()
-    ids = _encode(lm, content, tokens, source)
     pred = _predictor(predictor, lm)
-    factories = {name: policy_factory(name) for name in names}
-    runs = sum(1 if f is None else len(fractions) for f in factories.values())
-    results = []
+    done = read_rows(out) if out is not None else []
+    wanted = [
+        {
+            "task": task,
+            "text": name,
+            "tokens": tokens,
+            "policy": policy,
+            "budget": 1.0 if policy == FULL else b,
+            "predictor": "-" if policy == FULL else predictor,
+        }
+        for name, _content in sources
+        for policy in names
+        for b in ([1.0] if policy == FULL else fractions)
+    ]
+    wanted = list({tuple(w.values()): w for w in wanted}.values())
+    todo = missing(done, wanted)
+    results = [r for r in done if any(_same(r, w) for w in wanted)]
+    if len(todo) < len(wanted):
+        console.print(f"{len(wanted) - len(todo)} of {len(wanted)} runs already in {out}")
+    inputs: dict[str, tuple[Any, Any]] = {}
+    for name, content in sources:
+        if task == "lookup":
+            try:
+                lookup = build_lookup(lm.tokenizer, content, tokens)
+            except ValueError as exc:
+                raise click.ClickException(f"{name}: {exc}") from exc
+            inputs[name] = (lookup.input_ids, lookup)
+        else:
+            inputs[name] = (_encode(lm, content, tokens, name), None)
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for w in todo:
+        key: tuple[Any, ...] = (w["policy"], w["budget"])
+        groups.setdefault(key if batch_texts else (*key, w["text"]), []).append(w)
     with _progress(console) as bar:
-        task = bar.add_task(f"decoding {tokens} tokens", total=runs * (tokens - 1))
-        advance: Callable[[int], None] = lambda k: bar.advance(task, k)  # noqa: E731
-        for name, factory in factories.items():
-            bar.update(task, description=f"{name}")
-            results += evaluate(lm, ids, {name: factory}, fractions, pred, advance)
+        task_id = bar.add_task("decoding", total=len(groups) * (tokens - 1))
+        advance: Callable[[int], None] = lambda k: bar.advance(task_id, k)  # noqa: E731
+        for i, batch in enumerate(groups.values(), 1):
+            w = batch[0]
+            names = [b["text"] for b in batch]
+            bar.update(
+                task_id,
+                description=f"[{i}/{len(groups)}] {','.join(names)} {w['policy']} {w['budget']:g}",
+            )
+            try:
+                rows = decode_rows(
+                    lm,
+                    [inputs[name][0] for name in names],
+                    task=task,
+                    texts=names,
+                    policy=w["policy"],
+                    budget=w["budget"],
+                    predictor=pred,
+                    predictor_name=predictor,
+                    lookups=[inputs[name][1] for name in names],
+                    progress=advance,
+                )
+            except ValueError as exc:
+                raise click.ClickException(str(exc)) from exc
+            for row in rows:
+                if out is not None:
+                    append_row(out, row)
+                results.append(row)
+    _report(results, lm.name, tokens, task, as_json)
+
+
+def _same(row: dict[str, Any], want: dict[str, Any]) -> bool:
+    from kvpolicy.evict.quality._runs import row_key
+
+    return row_key(row) == row_key(want)
+
+
+def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_json: bool) -> None:
+    from kvpolicy.evict.quality._runs import compare_to_full
+
+    table_rows = compare_to_full(rows)
     if as_json:
-        click.echo(json.dumps([r.to_dict() for r in results], indent=2))
+        click.echo(json.dumps(table_rows, indent=2))
         return
-    table = Table(title=f"Perplexity of {lm.name} on {tokens} tokens of {source}")
-    for col in ("policy", "budget", "tokens/layer", "mean resident", "perplexity", "vs full"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    full = next((r.perplexity for r in results if r.policy == FULL), None)
-    for r in results:
-        ratio = f"{r.perplexity / full - 1:+.1%}" if full else "-"
-        table.add_row(
-            r.policy,
-            f"{r.budget:g}",
-            str(r.budget_tokens),
-            f"{r.mean_resident:.1f}",
-            f"{r.perplexity:.2f}",
-            ratio,
+    what = "Perplexity" if task == "ppl" else "Lookup accuracy and perplexity"
+    table = Table(title=f"{what} of {model} on {tokens} tokens")
+    cols = ["text", "policy", "budget", "tokens/layer", "mean resident", "perplexity (95% CI)"]
+    cols += ["vs full (95% CI)", "ms/step", "policy ms/step"]
+    if task == "lookup":
+        cols.append("lookup accuracy")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("text", "policy") else "right")
+    for r in table_rows:
+        ratio = (
+            f"{r['ratio'] - 1:+.1%} ({r['ratio_low'] - 1:+.1%}, {r['ratio_high'] - 1:+.1%})"
+            if r["ratio"] is not None and r["policy"] != FULL
+            else "-"
         )
+        cells = [
+            r["text"],
+            r["policy"],
+            f"{r['budget']:g}",
+            str(r["budget_tokens"]),
+            f"{r['mean_resident']:.1f}",
+            f"{r['perplexity']:.2f} ({r['ppl_low']:.2f}-{r['ppl_high']:.2f})",
+            ratio,
+            f"{r['ms_per_step']:.0f}",
+            f"{r['policy_ms_per_step']:.1f}",
+        ]
+        if task == "lookup":
+            cells.append("-" if r["accuracy"] is None else f"{r['accuracy']:.0%}")
+        table.add_row(*cells)
     Console().print(table)
 
 
@@ -199,7 +341,14 @@ def eval_(
     default=None,
     help="Also write the refitted compact predictor here (JSON).",
 )
-def train(max_tokens: int, epochs: int, compact_out: pathlib.Path | None) -> None:
+@click.option(
+    "--report",
+    is_flag=True,
+    help="Score the refitted compact predictor and the shipped one on held-out texts "
+    "(license, code, docs; 2,048 tokens each): rank correlation of predicted and realised "
+    "returns. Skips the logits MLP.",
+)
+def train(max_tokens: int, epochs: int, compact_out: pathlib.Path | None, report: bool) -> None:
     """Record returns on the license texts and train the logits MLP (cached) and compact fit."""
     _require()
     from kvpolicy.evict.predictors import save_compact
@@ -230,6 +379,9 @@ def train(max_tokens: int, epochs: int, compact_out: pathlib.Path | None) -> Non
                 )
         return record
 
+    if report:
+        _train_report(console, lm, train_compact(recorded()), compact_out)
+        return
     path = mlp_checkpoint_path(lm)
     if not path.exists() or compact_out is not None:
         recorded()  # with its own progress bar, before the status spinner below
@@ -239,6 +391,27 @@ def train(max_tokens: int, epochs: int, compact_out: pathlib.Path | None) -> Non
     if compact_out is not None:
         save_compact(train_compact(recorded()), compact_out)
         click.echo(f"compact predictor: {compact_out}")
+
+
+def _train_report(console: Console, lm: Any, fitted: Any, compact_out: pathlib.Path | None) -> None:
+    from kvpolicy.evict.predictors import default_compact, save_compact
+    from kvpolicy.evict.quality import EVAL_TEXTS, eval_text, held_out_record, predictor_report
+
+    if compact_out is not None:
+        save_compact(fitted, compact_out)
+        click.echo(f"compact predictor: {compact_out}")
+    with console.status("recording held-out texts"):
+        records = {name: held_out_record(lm, eval_text(name)[0]) for name in EVAL_TEXTS}
+    scores = predictor_report(
+        {"compact (refit)": fitted, "compact (shipped)": default_compact()}, records
+    )
+    table = Table(title="Rank correlation of predicted and realised returns (held-out texts)")
+    table.add_column("predictor")
+    for name in records:
+        table.add_column(name, justify="right")
+    for name, row in scores.items():
+        table.add_row(name, *(f"{row[t]:.3f}" for t in records))
+    Console().print(table)
 
 
 @group.command("stats")

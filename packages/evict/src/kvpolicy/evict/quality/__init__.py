@@ -20,6 +20,7 @@ from __future__ import annotations
 from kvpolicy.evict.quality._decode import (
     DecodeResult,
     FeatureKind,
+    decode_batch,
     decode_perplexity,
     feature_kind,
 )
@@ -29,6 +30,7 @@ from kvpolicy.evict.quality._eval import (
     QualityResult,
     budget_tokens,
     evaluate,
+    parse_policy,
     policy_factory,
     validate_budgets,
 )
@@ -39,6 +41,7 @@ from kvpolicy.evict.quality._model import (
     QualityDependencyError,
     cache_dir,
     load_smollm2,
+    publish_dir,
     require_quality_deps,
 )
 from kvpolicy.evict.quality._record import (
@@ -54,21 +57,27 @@ from kvpolicy.evict.quality._stats import (
     validate_attention,
 )
 from kvpolicy.evict.quality._texts import (
+    EVAL_TEXTS,
     LICENSES_DIR,
     TRAINING_LICENSES,
     default_text,
+    eval_text,
     gpl3_path,
     training_texts,
 )
 from kvpolicy.evict.quality._train import (
+    held_out_record,
     load_or_train_mlp,
     mlp_checkpoint_path,
+    predictor_report,
+    rank_correlation,
     record_windows,
     text_windows,
     train_compact,
 )
 
 __all__ = [
+    "EVAL_TEXTS",
     "FULL",
     "GGUF_FILE",
     "INSTALL_HINT",
@@ -84,18 +93,25 @@ __all__ = [
     "attention_statistics",
     "budget_tokens",
     "cache_dir",
+    "decode_batch",
     "decode_perplexity",
     "default_text",
+    "eval_text",
     "evaluate",
     "feature_kind",
     "gpl3_path",
     "heavy_hitter_statistics",
+    "held_out_record",
     "load_or_train_mlp",
     "load_smollm2",
     "mean_attention",
     "mlp_checkpoint_path",
     "model_attention_statistics",
+    "parse_policy",
     "policy_factory",
+    "predictor_report",
+    "publish_dir",
+    "rank_correlation",
     "record_returns",
     "record_windows",
     "require_quality_deps",

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
 from attrs import field, frozen
 from attrs.validators import ge, instance_of
+from numpy.typing import NDArray
 
 from kvpolicy.evict._returns import ReturnPredictor
 from kvpolicy.evict.predictors import CompactReturnPredictor, compact_features
@@ -34,6 +36,7 @@ from kvpolicy.kvmodel import EvictionPolicy
 __all__ = [
     "DecodeResult",
     "FeatureKind",
+    "decode_batch",
     "decode_perplexity",
     "feature_kind",
 ]
@@ -113,6 +116,27 @@ class DecodeResult:
     mean_resident: float = field(validator=instance_of(float))
     """Mean over steps and layers of the resident count after eviction (a policy may keep
     fewer tokens than the budget: Token-PD's keep rule evicts every token priced out)."""
+    nll: NDArray[np.float64] = field(factory=lambda: np.empty(0), eq=False)
+    """(tokens - 1,) next-token negative log-likelihood at each predicted position (the
+    bootstrap of :func:`bootstrap_ratio` resamples these)."""
+    correct: NDArray[np.bool_] = field(factory=lambda: np.empty(0, dtype=bool), eq=False)
+    """(tokens - 1,) whether the most likely next token (argmax of the logits) was the
+    actual one, at each predicted position (the key-value lookup scores these)."""
+    seconds: float = field(default=0.0, converter=float)
+    """Wall-clock seconds of the decoding loop (model, predictor and policy)."""
+    policy_seconds: float = field(default=0.0, converter=float)
+    """Seconds of those spent outside the model's forward pass: reading attention, the
+    predictor, the policy's insert/observe/evict and cutting the cache."""
+
+    @property
+    def ms_per_step(self) -> float:
+        """Mean wall-clock milliseconds per decoded token."""
+        return 1000.0 * self.seconds / max(self.tokens - 1, 1)
+
+    @property
+    def policy_ms_per_step(self) -> float:
+        """Mean milliseconds per decoded token spent on eviction outside the model."""
+        return 1000.0 * self.policy_seconds / max(self.tokens - 1, 1)
 
 
 def decode_perplexity(
@@ -141,17 +165,59 @@ def decode_perplexity(
         ValueError: fewer than 2 tokens, or a budget < 1 with a policy.
     """
     import torch
+
+    ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1)
+    return decode_batch(lm, ids, make_policy, budget_tokens, predictor, progress)[0]
+
+
+def decode_batch(
+    lm: CausalLM,
+    input_ids: Any,
+    make_policy: Callable[[], EvictionPolicy] | Sequence[Callable[[], EvictionPolicy]] | None,
+    budget_tokens: int,
+    predictor: ReturnPredictor | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[DecodeResult]:
+    """:func:`decode_perplexity` of several texts of one length at once, as one batch.
+
+    Each text has its own policies (one per layer) and its own resident tokens; the batch
+    only shares the model's forward pass, which on a CPU costs little more for a few rows
+    than for one. The texts of a batch must keep the same number of tokens in each layer
+    after every step, which holds for every policy that fills its budget (FIFO, LRU, H2O,
+    sink+window, Token-PD with ``keep_rule=False``); Token-PD's keep rule may evict a
+    different number per text, so decode those texts one at a time.
+
+    Args:
+        input_ids: (texts, n) int64 torch tensor (one text may repeat, to compare several
+            policies on it in one pass).
+        make_policy: one factory for every text, or one per text (row of ``input_ids``).
+
+    Returns:
+        One result per text; each is timed by the whole batch.
+
+    Raises:
+        ValueError: fewer than 2 tokens, a budget < 1 with a policy, or policies that
+            leave the texts of the batch with different resident counts.
+    """
+    import torch
     from transformers import DynamicCache
 
-    ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
-    n = int(ids.shape[0])
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if ids.dim() != 2 or ids.shape[0] < 1:
+        raise ValueError(f"'input_ids' must be (texts, n): shape {tuple(ids.shape)}")
+    n = int(ids.shape[1])
     if n < 2:
         raise ValueError(f"'input_ids' must hold at least 2 tokens: {n}")
     if make_policy is not None and (not isinstance(budget_tokens, int) or budget_tokens < 1):
         raise ValueError(f"'budget_tokens' must be an int >= 1: {budget_tokens!r}")
     kind = feature_kind(predictor) if predictor is not None else "compact"
     layers = lm.num_layers
-    policies = [make_policy() for _ in range(layers)] if make_policy is not None else None
+    makers = [make_policy] * int(ids.shape[0]) if callable(make_policy) else make_policy
+    if makers is not None and len(makers) != int(ids.shape[0]):
+        raise ValueError(
+            f"'make_policy' lists {len(makers)} factories for {int(ids.shape[0])} texts"
+        )
+    policies = [[mp() for _ in range(layers)] for mp in makers] if makers is not None else None
     cache = DynamicCache(config=lm.model.config)
     _register_attention()
     previous = lm.model.config._attn_implementation
@@ -162,33 +228,53 @@ def decode_perplexity(
         lm.model.set_attn_implementation(previous)
 
 
+def _signals(
+    predictor: ReturnPredictor,
+    kind: FeatureKind,
+    logits: Any,
+    t: int,
+    arrival: NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """(texts, 2) ``(R̂, σ̂²)`` of the token inserted at step ``t`` of each text."""
+    z = logits.double().numpy()
+    if kind == "logits":
+        feats = z
+    else:
+        feats = compact_features(z, np.full(z.shape[0], t, dtype=np.int64), arrival)
+    returns, risks = predictor.predict(feats)
+    return np.column_stack([returns, risks]).astype(np.float64)
+
+
 def _decode(
     lm: CausalLM,
     ids: Any,
-    policies: list[EvictionPolicy] | None,
+    policies: list[list[EvictionPolicy]] | None,
     budget_tokens: int,
     predictor: ReturnPredictor | None,
     kind: FeatureKind,
     cache: Any,
     progress: Callable[[int], None] | None,
-) -> DecodeResult:
+) -> list[DecodeResult]:
     import torch
 
-    n = int(ids.shape[0])
+    rows, n = int(ids.shape[0]), int(ids.shape[1])
     layers = lm.num_layers
     cache_arg = _cache_argument(lm.model)
     streams = [f"layer{i}" for i in range(layers)]
-    # resident[l][j] is the true position of the j-th cached key of layer l.
-    resident = [np.empty(0, dtype=np.int64) for _ in range(layers)]
-    nll = 0.0
+    # resident[r][l][j] is the true position of the j-th cached key of layer l in text r.
+    resident = [[np.empty(0, dtype=np.int64) for _ in range(layers)] for _ in range(rows)]
+    nll = np.empty((rows, n - 1), dtype=np.float64)
+    correct = np.zeros((rows, n - 1), dtype=bool)
     max_resident = 0
     resident_sum = 0
+    outside = 0.0
+    start = time.perf_counter()
     with torch.no_grad():
         for t in range(n - 1):
-            kv_len = max(len(r) for r in resident)
+            kv_len = max(len(r) for r in resident[0])
             out = lm.model(
-                input_ids=ids[t : t + 1].view(1, 1),
-                position_ids=torch.tensor([[t]]),
+                input_ids=ids[:, t : t + 1],
+                position_ids=torch.full((rows, 1), t),
                 # The mask for one query allows every cached key; cache_position only sizes
                 # it, so the longest layer's length is enough for all layers.
                 cache_position=torch.tensor([kv_len]),
@@ -196,59 +282,90 @@ def _decode(
                 output_attentions=True,
                 **{cache_arg: cache},
             )
-            logits = out.logits[0, -1].float()
-            nll -= float(torch.log_softmax(logits, dim=-1)[ids[t + 1]])
-            for layer in range(layers):
-                resident[layer] = np.append(resident[layer], np.int64(t))
+            logits = out.logits[:, -1].float()
+            nxt = ids[:, t + 1]
+            nll[:, t] = -torch.log_softmax(logits, dim=-1).gather(1, nxt[:, None])[:, 0].numpy()
+            correct[:, t] = (logits.argmax(dim=-1) == nxt).numpy()
+            step_start = time.perf_counter()
+            for per_text in resident:
+                for layer in range(layers):
+                    per_text[layer] = np.append(per_text[layer], np.int64(t))
             if policies is None:
-                max_resident = max(max_resident, len(resident[0]))
-                resident_sum += len(resident[0]) * layers
+                max_resident = max(max_resident, len(resident[0][0]))
+                resident_sum += len(resident[0][0]) * layers * rows
             else:
-                # (H, kv) per layer -> mass per resident token, mean over query heads.
+                # (texts, H, kv) per layer -> mass per resident token, mean over query heads.
                 att = [
-                    out.attentions[layer][0, :, 0, :].mean(dim=0).double().numpy()
+                    out.attentions[layer][:, :, 0, :].mean(dim=1).double().numpy()
                     for layer in range(layers)
                 ]
                 signals = None
                 if predictor is not None:
-                    if kind == "logits":
-                        feats = logits.double().numpy()[None, :]
-                    else:
-                        arrival = float(np.mean([a[-1] for a in att]))
-                        feats = compact_features(
-                            logits.double().numpy()[None, :],
-                            np.array([t], dtype=np.int64),
-                            np.array([arrival]),
-                        )
-                    returns, risks = predictor.predict(feats)
-                    signals = np.column_stack([returns, risks]).astype(np.float64)
+                    arrival = np.mean([a[:, -1] for a in att], axis=0)
+                    signals = _signals(predictor, kind, logits, t, arrival)
                 pos = np.array([t], dtype=np.int64)
-                for layer, policy in enumerate(policies):
-                    policy.insert(streams[layer], pos, signals)
-                    policy.observe(streams[layer], resident[layer], att[layer])
-                    evicted = policy.evict(budget_tokens).get(streams[layer])
-                    if evicted is not None and len(evicted):
-                        keep = ~np.isin(resident[layer], evicted)
-                        resident[layer] = resident[layer][keep]
-                        index = torch.from_numpy(np.flatnonzero(keep))
-                        cached: Any = cache.layers[layer]
-                        cached.keys = cached.keys[:, :, index]
-                        cached.values = cached.values[:, :, index]
-                    if policy.resident_tokens() != len(resident[layer]):
-                        raise RuntimeError(
-                            f"policy reports {policy.resident_tokens()} resident tokens in "
-                            f"{streams[layer]}, the cache holds {len(resident[layer])}"
-                        )
-                    max_resident = max(max_resident, len(resident[layer]))
-                    resident_sum += len(resident[layer])
+                for layer in range(layers):
+                    keep_rows = []
+                    for r in range(rows):
+                        policy = policies[r][layer]
+                        stream = streams[layer]
+                        policy.insert(stream, pos, None if signals is None else signals[r : r + 1])
+                        policy.observe(stream, resident[r][layer], att[layer][r])
+                        evicted = policy.evict(budget_tokens).get(stream)
+                        keep = np.ones(len(resident[r][layer]), dtype=bool)
+                        if evicted is not None and len(evicted):
+                            keep = ~np.isin(resident[r][layer], evicted)
+                            resident[r][layer] = resident[r][layer][keep]
+                        if policy.resident_tokens() != len(resident[r][layer]):
+                            raise RuntimeError(
+                                f"policy reports {policy.resident_tokens()} resident tokens "
+                                f"in {stream}, the cache holds {len(resident[r][layer])}"
+                            )
+                        keep_rows.append(np.flatnonzero(keep))
+                    _cut(cache.layers[layer], keep_rows, layer)
+                    held = len(resident[0][layer])
+                    max_resident = max(max_resident, held)
+                    resident_sum += held * rows
+            outside += time.perf_counter() - step_start
             if progress is not None:
                 progress(1)
-    return DecodeResult(
-        perplexity=math.exp(nll / (n - 1)),
-        tokens=n,
-        max_resident=max_resident,
-        mean_resident=resident_sum / ((n - 1) * layers),
-    )
+    seconds = time.perf_counter() - start
+    return [
+        DecodeResult(
+            perplexity=math.exp(float(nll[r].mean())),
+            tokens=n,
+            max_resident=max_resident,
+            mean_resident=resident_sum / ((n - 1) * layers * rows),
+            nll=nll[r],
+            correct=correct[r],
+            seconds=seconds,
+            policy_seconds=outside,
+        )
+        for r in range(rows)
+    ]
+
+
+def _cut(cached: Any, keep_rows: list[NDArray[np.int64]], layer: int) -> None:
+    """Keep entries ``keep_rows[r]`` of row ``r`` of one layer's keys and values."""
+    import torch
+
+    sizes = {len(k) for k in keep_rows}
+    if len(sizes) != 1:
+        raise ValueError(
+            f"the texts of a batch keep different numbers of tokens in layer {layer} "
+            f"({sorted(sizes)}): decode them one at a time (Token-PD's keep rule does this)"
+        )
+    if len(keep_rows[0]) == cached.keys.shape[2]:
+        return
+    if len(keep_rows) == 1:
+        index = torch.from_numpy(keep_rows[0])
+        cached.keys = cached.keys[:, :, index]
+        cached.values = cached.values[:, :, index]
+        return
+    index = torch.from_numpy(np.stack(keep_rows))[:, None, :, None]
+    shape = (-1, cached.keys.shape[1], -1, cached.keys.shape[3])
+    cached.keys = cached.keys.gather(2, index.expand(*shape))
+    cached.values = cached.values.gather(2, index.expand(*shape))
 
 
 def _cache_argument(model: Any) -> str:

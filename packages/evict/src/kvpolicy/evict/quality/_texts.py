@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pathlib
 
-__all__ = ["LICENSES_DIR", "TRAINING_LICENSES", "default_text", "gpl3_path", "training_texts"]
+__all__ = [
+    "EVAL_TEXTS",
+    "LICENSES_DIR",
+    "TRAINING_LICENSES",
+    "default_text",
+    "eval_text",
+    "gpl3_path",
+    "training_texts",
+]
 
 LICENSES_DIR = pathlib.Path("/usr/share/common-licenses")
 """Debian's directory of common license texts."""
@@ -31,6 +39,36 @@ def default_text() -> str:
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+EVAL_TEXTS: dict[str, str] = {
+    "license": "/usr/share/common-licenses/GPL-3 (licence prose, Debian)",
+    "code": "Lib/argparse.py of the running Python (source code)",
+    "docs": "pydoc_data.topics of the running Python (technical documentation)",
+}
+"""The evaluation texts by name, one of each kind, and where each comes from."""
+
+
+def eval_text(name: str) -> tuple[str, str]:
+    """``(text, source)`` of one of :data:`EVAL_TEXTS`.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+        FileNotFoundError: the file is not on this machine.
+    """
+    if name == "license":
+        path = gpl3_path()
+        if not path.is_file():
+            raise FileNotFoundError(f"'text' license needs {path} (Debian's common-licenses)")
+        return path.read_text(errors="replace"), str(path)
+    if name == "code":
+        import argparse
+
+        path = pathlib.Path(argparse.__file__)
+        return path.read_text(errors="replace"), f"{path.name} of Python's standard library"
+    if name == "docs":
+        return default_text(), "pydoc_data.topics"
+    raise ValueError(f"'text' must be one of {', '.join(EVAL_TEXTS)}: {name!r}")
 
 
 def gpl3_path() -> pathlib.Path:

@@ -20,8 +20,11 @@ from kvpolicy.evict.quality._model import CausalLM, cache_dir
 from kvpolicy.evict.quality._record import ReturnRecord, record_returns
 
 __all__ = [
+    "held_out_record",
     "load_or_train_mlp",
     "mlp_checkpoint_path",
+    "predictor_report",
+    "rank_correlation",
     "record_windows",
     "text_windows",
     "train_compact",
@@ -121,3 +124,54 @@ def load_or_train_mlp(
     predictor = train_mlp(rec.logits, rec.returns, epochs=epochs)
     save_mlp(predictor, target)
     return predictor
+
+
+def rank_correlation(predicted: Any, realised: Any) -> float:
+    """Spearman's rank correlation of two (n,) arrays (ties get their mean rank).
+
+    Raises:
+        ValueError: shapes differ, fewer than 3 values, or either array is constant.
+    """
+    x = np.asarray(predicted, dtype=np.float64)
+    y = np.asarray(realised, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1 or x.size < 3:
+        raise ValueError(f"need two (n,) arrays with n >= 3: shapes {x.shape}, {y.shape}")
+    rx, ry = _ranks(x), _ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        raise ValueError("rank correlation of a constant array is undefined")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _ranks(x: Any) -> Any:
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(x.size, dtype=np.float64)
+    ranks[order] = np.arange(x.size, dtype=np.float64)
+    # Average the ranks of ties.
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=ranks)
+    return sums[inverse] / counts[inverse]
+
+
+def held_out_record(lm: CausalLM, text: str, tokens: int = 2048, window: int = 512) -> ReturnRecord:
+    """Realised returns of the first ``tokens`` tokens of ``text``, in windows of ``window``
+    (what :func:`predictor_report` scores a predictor on)."""
+    ids = lm.encode(text, tokens)
+    return record_windows(lm, [ids[s : s + window] for s in range(0, tokens - window + 1, window)])
+
+
+def predictor_report(
+    predictors: dict[str, Any], records: dict[str, ReturnRecord]
+) -> dict[str, dict[str, float]]:
+    """Rank correlation of each predictor's ``R̂`` with the realised returns of each record
+    (``{predictor: {text: rho}}``); ``"arrival attention"`` (the feature alone) is added as
+    the reference a predictor must beat to tell Token-PD more than its first observation."""
+    out: dict[str, dict[str, float]] = {}
+    for name, predictor in predictors.items():
+        out[name] = {
+            text: rank_correlation(predictor.predict(rec.features)[0], rec.returns)
+            for text, rec in records.items()
+        }
+    out["arrival attention"] = {
+        text: rank_correlation(rec.features[:, 3], rec.returns) for text, rec in records.items()
+    }
+    return out

@@ -1,0 +1,235 @@
+"""Rows of ``kvpolicy evict eval``: one decoding run per (text, task, policy, budget), appended
+to a JSON-lines file as each finishes, so that an interrupted evaluation resumes where it
+stopped and several invocations (one policy each) fill the same file.
+
+A row is a flat JSON object; :data:`ROW_KEY` names the fields that identify a run. The
+peer harness for NVIDIA's kvpress (``benchmarks/kvpress_peers.py``) writes the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from kvpolicy.evict._returns import ReturnPredictor
+from kvpolicy.evict.quality._bootstrap import bootstrap_perplexity, bootstrap_ratio
+from kvpolicy.evict.quality._decode import DecodeResult, decode_batch, decode_perplexity
+from kvpolicy.evict.quality._eval import FULL, budget_tokens, policy_factory
+from kvpolicy.evict.quality._lookup import LookupTask, lookup_accuracy
+from kvpolicy.evict.quality._model import CausalLM
+
+__all__ = [
+    "ROW_KEY",
+    "TASKS",
+    "append_row",
+    "compare_to_full",
+    "decode_row",
+    "decode_rows",
+    "missing",
+    "read_rows",
+    "result_row",
+    "row_key",
+]
+
+TASKS = ("ppl", "lookup")
+"""``ppl``: perplexity of a text; ``lookup``: accuracy on the records planted before it."""
+
+ROW_KEY = ("task", "text", "tokens", "policy", "budget", "predictor")
+"""Fields that identify a run; a results file holds at most one row per key."""
+
+
+def row_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The identifying fields of ``row`` (budget rounded so 0.125 and 0.1250 match)."""
+    return tuple(round(row[k], 6) if k == "budget" else row[k] for k in ROW_KEY)
+
+
+def read_rows(path: pathlib.Path) -> list[dict[str, Any]]:
+    """The rows of a results file (empty when it does not exist); a torn last line (a run
+    killed while writing) is ignored.
+
+    Raises:
+        ValueError: a line other than the last is not a JSON object.
+    """
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                continue
+            raise ValueError(f"{path}:{i + 1}: not a JSON row") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{i + 1}: not a JSON object")
+        rows.append(row)
+    return rows
+
+
+def append_row(path: pathlib.Path, row: Mapping[str, Any]) -> None:
+    """Append one row as a line and flush it to disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps(dict(row)) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def result_row(
+    *,
+    task: str,
+    text: str,
+    tokens: int,
+    policy: str,
+    budget: float,
+    kept: int,
+    predictor: str,
+    result: DecodeResult,
+    lookup: LookupTask | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON row of one decoding run (what :func:`decode_row` and the kvpress harness
+    write): identity, perplexity with its bootstrap interval, residency, timing, the
+    per-position losses and, for ``lookup``, the accuracy."""
+    if task not in TASKS:
+        raise ValueError(f"'task' must be one of {', '.join(TASKS)}: {task!r}")
+    ci = bootstrap_perplexity(result.nll)
+    row: dict[str, Any] = {
+        "task": task,
+        "text": text,
+        "tokens": tokens,
+        "policy": policy,
+        "budget": budget,
+        "predictor": predictor,
+        "budget_tokens": kept,
+        "perplexity": result.perplexity,
+        "ppl_low": ci.low,
+        "ppl_high": ci.high,
+        "mean_resident": result.mean_resident,
+        "max_resident": result.max_resident,
+        "ms_per_step": result.ms_per_step,
+        "policy_ms_per_step": result.policy_ms_per_step,
+        "accuracy": None if lookup is None else lookup_accuracy(result.correct, lookup),
+        "nll": [round(float(x), 5) for x in result.nll],
+    }
+    row.update(extra or {})
+    return row
+
+
+def decode_row(
+    lm: CausalLM,
+    input_ids: Any,
+    *,
+    task: str,
+    text: str,
+    policy: str,
+    budget: float,
+    predictor: ReturnPredictor | None,
+    predictor_name: str,
+    lookup: LookupTask | None = None,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Decode ``input_ids`` under one kvpolicy policy label at one budget; its row.
+
+    ``policy == "full"`` runs the full cache (budget 1.0).
+    """
+    n = len(input_ids)
+    factory = policy_factory(policy)
+    if factory is None:
+        r = decode_perplexity(lm, input_ids, None, n, progress=progress)
+        k, budget = n, 1.0
+    else:
+        k = budget_tokens(budget, n)
+        r = decode_perplexity(lm, input_ids, lambda: factory(k), k, predictor, progress=progress)
+    return result_row(
+        task=task,
+        text=text,
+        tokens=n,
+        policy=policy,
+        budget=budget,
+        kept=k,
+        predictor=predictor_name if factory is not None else "-",
+        result=r,
+        lookup=lookup,
+    )
+
+
+def decode_rows(
+    lm: CausalLM,
+    input_ids: Sequence[Any],
+    *,
+    task: str,
+    texts: Sequence[str],
+    policy: str,
+    budget: float,
+    predictor: ReturnPredictor | None,
+    predictor_name: str,
+    lookups: Sequence[LookupTask | None] | None = None,
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """:func:`decode_row` of several texts of one length as one batch
+    (:func:`~kvpolicy.evict.quality.decode_batch`): one row per text, each timed by the
+    whole batch (``batch`` in the row says how many texts shared it)."""
+    import torch
+
+    batch = torch.stack([torch.as_tensor(i, dtype=torch.long) for i in input_ids])
+    n = int(batch.shape[1])
+    factory = policy_factory(policy)
+    if factory is None:
+        results = decode_batch(lm, batch, None, n, progress=progress)
+        k, budget = n, 1.0
+    else:
+        k = budget_tokens(budget, n)
+        results = decode_batch(lm, batch, lambda: factory(k), k, predictor, progress=progress)
+    tasks = list(lookups) if lookups is not None else [None] * len(texts)
+    return [
+        result_row(
+            task=task,
+            text=text,
+            tokens=n,
+            policy=policy,
+            budget=budget,
+            kept=k,
+            predictor=predictor_name if factory is not None else "-",
+            result=r,
+            lookup=lookup,
+            extra={"batch": len(texts)},
+        )
+        for text, lookup, r in zip(texts, tasks, results, strict=True)
+    ]
+
+
+def compare_to_full(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each ``ppl`` row with its perplexity over the full cache's on the same text and
+    length (``ratio``) and the paired block-bootstrap interval of that ratio
+    (``ratio_low``, ``ratio_high``), and per-step overhead over the full cache
+    (``overhead_ms``); rows without a full-cache partner get None."""
+    rows = list(rows)
+    full = {(r["task"], r["text"], r["tokens"]): r for r in rows if r["policy"] == FULL}
+    out = []
+    for r in rows:
+        ref = full.get((r["task"], r["text"], r["tokens"]))
+        row = {k: v for k, v in r.items() if k != "nll"}
+        row.update(ratio=None, ratio_low=None, ratio_high=None, overhead_ms=None)
+        if ref is not None and r.get("nll") and ref.get("nll") and len(r["nll"]) == len(ref["nll"]):
+            iv = bootstrap_ratio(np.array(r["nll"]), np.array(ref["nll"]))
+            row.update(ratio=iv.value, ratio_low=iv.low, ratio_high=iv.high)
+            row["overhead_ms"] = r["ms_per_step"] - ref["ms_per_step"]
+        out.append(row)
+    return out
+
+
+def missing(
+    done: Sequence[Mapping[str, Any]], wanted: Iterable[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The ``wanted`` run keys (dicts of :data:`ROW_KEY`) not yet in ``done``."""
+    have = {row_key(r) for r in done}
+    return [dict(w) for w in wanted if row_key(w) not in have]

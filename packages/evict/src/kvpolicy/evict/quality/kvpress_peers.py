@@ -1,0 +1,306 @@
+"""NVIDIA kvpress's presses on the same model, text, tokenisation and budget as ``kvpolicy
+evict eval``, writing the same JSON rows (``python -m kvpolicy.evict.quality.kvpress_peers``;
+the ``quality_peers`` nox session installs kvpress 0.5.x, which needs transformers < 5.3,
+in its own environment).
+
+How a press's budget maps to kvpolicy's (``B = round(budget * tokens)`` tokens):
+
+- Both decode the text one token at a time at its true position (``position_ids = t``);
+  the first token is the only "prefill". kvpolicy evicts after every step so that each
+  layer holds at most ``B`` tokens and every query attends to at most ``B + 1`` keys.
+- A scorer press runs inside kvpress's ``DecodingPress``, which compresses each layer's
+  cache to ``target_size`` every ``compression_interval`` decoding steps, after the
+  attention of that step. With interval 1 and ``target_size = B`` a press holds exactly
+  what kvpolicy holds (``B`` per layer after each step, ``B + 1`` keys per query).
+- SnapKV and ExpectedAttention read a buffer of recent hidden states that
+  ``DecodingPress`` empties at every compression, so they need an interval ``I`` longer
+  than their window (SnapKV's ``window_size``, ExpectedAttention's ``n_sink``). They run
+  with ``target_size = B + 1 - I``: the cache then peaks at ``B + 1`` keys per query just
+  like kvpolicy's, and holds ``B + 1 - I`` to ``B`` tokens in between (``mean_resident``
+  of the row says how many on average), so they get the same peak memory, not more.
+- kvpress selects tokens per KV head (SmolLM2 has 3 KV heads per layer, each keeps
+  ``B`` tokens), kvpolicy per layer (the 3 KV heads share the ``B`` tokens, scored on the
+  attention averaged over the 9 query heads): the same memory, a finer choice for kvpress.
+- kvpress 0.5.5's ``ScorerPress.compress`` gathers the kept entries in the order of
+  ``topk`` (by score, not by position). Compressed once after a prompt that is harmless
+  (attention does not depend on the order of keys), but ``DecodingPress`` compresses again
+  and again, and the presses that find tokens by their index (StreamingLLM's sinks and
+  window, SnapKV's and LagKV's recent window) then keep the wrong ones after the first
+  compression: StreamingLLM at 50% of 64 tokens of ``pydoc_data.topics`` gives perplexity
+  118 as shipped against 51.6 for kvpolicy's sink+window. The rows here (``order_kept``)
+  wrap each scorer so that its kept entries stay in position order (the same scores and
+  the same number kept, sorted indices); ``--as-shipped`` runs kvpress unchanged.
+- Prefill presses (compress once after the prompt) do not apply to perplexity over a
+  decoded text: nothing would hold the budget as the text grows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import sys
+import time
+from collections.abc import Callable
+from importlib.metadata import version as _version
+from typing import Any
+
+import numpy as np
+
+from kvpolicy.evict.quality._decode import DecodeResult
+from kvpolicy.evict.quality._eval import budget_tokens, validate_budgets
+from kvpolicy.evict.quality._lookup import build_lookup
+from kvpolicy.evict.quality._model import CausalLM, load_smollm2
+from kvpolicy.evict.quality._runs import append_row, read_rows, result_row, row_key
+from kvpolicy.evict.quality._texts import EVAL_TEXTS, eval_text
+
+__all__ = ["PRESSES", "decode_with_press", "main", "make_press"]
+
+PRESSES: dict[str, tuple[str, dict[str, Any], int]] = {
+    "streaming_llm": ("StreamingLLMPress", {"n_sink": 4}, 1),
+    "knorm": ("KnormPress", {}, 1),
+    "tova": ("TOVAPress", {}, 1),
+    "observed_attention": ("ObservedAttentionPress", {}, 1),
+    "keydiff": ("KeyDiffPress", {}, 1),
+    "lagkv": ("LagKVPress", {"n_sink": 4, "lag_size": 32}, 1),
+    "random": ("RandomPress", {"seed": 0}, 1),
+    "snapkv": ("SnapKVPress", {"window_size": 16, "kernel_size": 5}, 17),
+    "expected_attention": ("ExpectedAttentionPress", {"n_sink": 4}, 16),
+}
+"""Press name -> (kvpress class, its parameters, DecodingPress compression interval)."""
+
+
+def _order_kept(scorer: Any) -> Any:
+    """``scorer`` wrapped so that compression keeps its entries in position order."""
+    from dataclasses import dataclass, field
+
+    from kvpress import ScorerPress  # type: ignore[import-not-found]
+    from kvpress.utils import compute_n_kept  # type: ignore[import-not-found]
+
+    @dataclass
+    class OrderKept(ScorerPress):  # type: ignore[misc]
+        inner: Any = field(default=None)
+
+        def post_init_from_model(self, model: Any) -> None:
+            self.inner.post_init_from_model(model)
+
+        def score(self, *args: Any) -> Any:
+            self.inner.compression_ratio = self.compression_ratio
+            return self.inner.score(*args)
+
+        def compress(
+            self,
+            module: Any,
+            hidden_states: Any,
+            keys: Any,
+            values: Any,
+            attentions: Any,
+            kwargs: dict[str, Any],
+        ) -> tuple[Any, Any]:
+            if self.compression_ratio == 0:
+                return keys, values
+            scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
+            kept = compute_n_kept(keys.shape[2], self.compression_ratio)
+            index = scores.topk(kept, dim=-1).indices.sort(dim=-1).values
+            index = index.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)
+            return keys.gather(2, index).contiguous(), values.gather(2, index).contiguous()
+
+    return OrderKept(inner=scorer)
+
+
+def make_press(name: str, budget: int, *, order_kept: bool = True) -> tuple[Any, int, int]:
+    """``(DecodingPress, compression_interval, target_size)`` of a press for ``budget``
+    tokens per layer (see the module docstring for the mapping).
+
+    Raises:
+        ValueError: unknown press, or a budget too small for its interval.
+    """
+    if name not in PRESSES:
+        raise ValueError(f"'press' must be one of {', '.join(PRESSES)}: {name!r}")
+    import kvpress
+
+    cls_name, params, interval = PRESSES[name]
+    target = budget + 1 - interval
+    if target < 8:
+        raise ValueError(f"'budget' = {budget} is too small for {name}'s interval {interval}")
+    scorer = getattr(kvpress, cls_name)(**params)
+    if order_kept:
+        scorer = _order_kept(scorer)
+    press = kvpress.DecodingPress(
+        base_press=scorer, compression_interval=interval, target_size=target
+    )
+    return press, interval, target
+
+
+def decode_with_press(
+    lm: CausalLM,
+    input_ids: Any,
+    press: Any,
+    progress: Callable[[int], None] | None = None,
+) -> list[DecodeResult]:
+    """Decode one token at a time under ``press`` (None: the full cache), as
+    :func:`~kvpolicy.evict.quality.decode_perplexity` does.
+
+    ``input_ids`` is (n,) or (texts, n): several texts of the same length decode as one
+    batch (a press compresses every sequence of the batch to the same size, so the texts
+    do not interact); one result per text, each timed by the whole batch's seconds.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
+    rows, n = int(ids.shape[0]), int(ids.shape[1])
+    cache: Any = DynamicCache(config=lm.model.config)
+    nll = np.empty((rows, n - 1))
+    correct = np.zeros((rows, n - 1), dtype=bool)
+    resident_sum = 0
+    max_resident = 0
+    start = time.perf_counter()
+    context = press(lm.model) if press is not None else _NoPress()
+    with torch.no_grad(), context:
+        for t in range(n - 1):
+            out = lm.model(
+                input_ids=ids[:, t : t + 1],
+                position_ids=torch.full((rows, 1), t),
+                cache_position=torch.tensor([t]),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            nxt = ids[:, t + 1]
+            nll[:, t] = -logp.gather(1, nxt[:, None])[:, 0].double().numpy()
+            correct[:, t] = (logits.argmax(dim=-1) == nxt).numpy()
+            held = int(cache.layers[0].keys.shape[-2])
+            resident_sum += held
+            max_resident = max(max_resident, held)
+            if progress is not None:
+                progress(1)
+    seconds = time.perf_counter() - start
+    return [
+        DecodeResult(
+            perplexity=math.exp(float(nll[i].mean())),
+            tokens=n,
+            max_resident=max_resident,
+            mean_resident=resident_sum / (n - 1),
+            nll=nll[i],
+            correct=correct[i],
+            seconds=seconds,
+        )
+        for i in range(rows)
+    ]
+
+
+class _NoPress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``--press`` names, ``--budget`` fractions, ``--text`` names,
+    ``--tokens``, ``--task``, ``--out`` (JSON lines, appended; finished rows skipped)."""
+    parser = argparse.ArgumentParser(prog="python -m kvpolicy.evict.quality.kvpress_peers")
+    parser.add_argument("--press", default="streaming_llm,tova,snapkv,expected_attention,knorm")
+    parser.add_argument("--budget", default="0.125,0.25,0.5")
+    parser.add_argument("--text", default=",".join(EVAL_TEXTS))
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--task", choices=("ppl", "lookup"), default="ppl")
+    parser.add_argument("--full", action="store_true", help="also run the full cache")
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument(
+        "--as-shipped",
+        action="store_true",
+        help="run kvpress's scorers unchanged (kept entries in score order; see above)",
+    )
+    args = parser.parse_args(argv)
+    presses = [p.strip() for p in args.press.split(",") if p.strip()]
+    for p in presses:
+        if p not in PRESSES:
+            parser.error(f"--press: unknown {p!r}; known: {', '.join(PRESSES)}")
+    texts = [t.strip() for t in args.text.split(",") if t.strip()]
+    for t in texts:
+        if t not in EVAL_TEXTS:
+            parser.error(f"--text: unknown {t!r}; known: {', '.join(EVAL_TEXTS)}")
+    try:
+        budgets = validate_budgets([float(b) for b in args.budget.split(",")])
+    except ValueError as exc:
+        parser.error(f"--budget: {exc}")
+    import torch
+    import transformers
+
+    torch.set_num_threads(1)
+    lm = load_smollm2()
+    done = {row_key(r) for r in read_rows(args.out)}
+    version = {"kvpress": _version("kvpress"), "transformers": transformers.__version__}
+    encoded = []
+    lookups: list[Any] = []
+    for text in texts:
+        content, _source = eval_text(text)
+        if args.task == "lookup":
+            task = build_lookup(lm.tokenizer, content, args.tokens)
+            lookups.append(task)
+            encoded.append(task.input_ids)
+        else:
+            lookups.append(None)
+            encoded.append(lm.encode(content, args.tokens))
+    batch = torch.stack(encoded)
+    runs: list[tuple[str, float]] = [("full", 1.0)] if args.full else []
+    suffix = ":as-shipped" if args.as_shipped else ""
+    runs += [(f"kvpress:{p}{suffix}", b) for p in presses for b in budgets]
+    for label, b in runs:
+        b = 1.0 if label == "full" else b
+        keys = [
+            {
+                "task": args.task,
+                "text": text,
+                "tokens": args.tokens,
+                "policy": label,
+                "budget": b,
+                "predictor": "-",
+            }
+            for text in texts
+        ]
+        if all(row_key(key) in done for key in keys):
+            continue
+        k = args.tokens if label == "full" else budget_tokens(b, args.tokens)
+        extra: dict[str, Any] = {**version, "batch": len(texts)}
+        press = None
+        if label != "full":
+            name = label.split(":")[1]
+            press, interval, target = make_press(name, k, order_kept=not args.as_shipped)
+            extra.update(
+                compression_interval=interval,
+                target_size=target,
+                order_kept=not args.as_shipped,
+            )
+        results = decode_with_press(lm, batch, press)
+        for text, key, lookup, r in zip(texts, keys, lookups, results, strict=True):
+            if row_key(key) in done:
+                continue
+            row = result_row(
+                task=args.task,
+                text=text,
+                tokens=args.tokens,
+                policy=label,
+                budget=b,
+                kept=k,
+                predictor="-",
+                result=r,
+                lookup=lookup,
+                extra=extra,
+            )
+            append_row(args.out, row)
+            print(
+                f"{text} {label} {b:g}: ppl {r.perplexity:.3f} acc {row['accuracy']} "
+                f"resident {r.mean_resident:.1f} {r.ms_per_step:.0f} ms/step",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

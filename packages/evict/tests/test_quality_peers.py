@@ -1,0 +1,54 @@
+"""kvpress beside kvpolicy on the tiny random Llama: runs only where kvpress is installed
+(the ``quality_peers`` nox session; kvpress 0.5.x needs transformers < 5.3)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("kvpress", reason="kvpress is installed only by the quality_peers session")
+
+from kvpolicy.evict import SinkWindowPolicy
+from kvpolicy.evict.quality import CausalLM, decode_perplexity
+from kvpolicy.evict.quality.kvpress_peers import decode_with_press, make_press
+
+from .test_quality import make_tiny_lm
+
+N = 48
+
+
+@pytest.fixture(scope="module")
+def tiny_lm() -> CausalLM:
+    return make_tiny_lm(2)
+
+
+@pytest.fixture(scope="module")
+def ids() -> torch.Tensor:
+    return torch.randint(0, 97, (N,), generator=torch.Generator().manual_seed(1))
+
+
+def test_full_cache_agrees_with_kvpolicy(tiny_lm: CausalLM, ids: torch.Tensor) -> None:
+    ours = decode_perplexity(tiny_lm, ids, None, N).perplexity
+    (theirs,) = decode_with_press(tiny_lm, ids, None)
+    assert theirs.perplexity == pytest.approx(ours, rel=1e-5)
+
+
+def test_streaming_llm_is_sink_window(tiny_lm: CausalLM, ids: torch.Tensor) -> None:
+    """With the kept entries in position order, StreamingLLM at interval 1 and target B
+    keeps exactly what kvpolicy's sink+window keeps: the same perplexity."""
+    press, interval, target = make_press("streaming_llm", 16)
+    assert (interval, target) == (1, 16)
+    (theirs,) = decode_with_press(tiny_lm, ids, press)
+    ours = decode_perplexity(tiny_lm, ids, lambda: SinkWindowPolicy(num_sink=4), 16)
+    assert theirs.perplexity == pytest.approx(ours.perplexity, rel=1e-5)
+    assert theirs.max_resident == ours.max_resident == 16  # held after each step
+
+
+def test_interval_presses_match_the_peak(tiny_lm: CausalLM) -> None:
+    """SnapKV compresses every 17 steps to B + 1 - 17 so that its peak is B + 1 keys."""
+    _press, interval, target = make_press("snapkv", 64)
+    assert interval + target == 65
+    with pytest.raises(ValueError, match="too small"):
+        make_press("snapkv", 16)
+    with pytest.raises(ValueError, match="'press' must be one of"):
+        make_press("h2o", 64)
