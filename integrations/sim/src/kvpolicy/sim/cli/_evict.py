@@ -157,7 +157,13 @@ def group() -> None:
     show_default=True,
     help="Comma-separated KV budgets, fractions in (0, 1] of --tokens, per layer.",
 )
-@click.option("--tokens", type=click.IntRange(min=2), default=512, show_default=True)
+@click.option(
+    "--tokens",
+    type=click.IntRange(min=2),
+    default=512,
+    show_default=True,
+    help="Tokens of each text decoded (its first N).",
+)
 @click.option(
     "--text",
     "texts",
@@ -333,8 +339,20 @@ def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_j
 
 
 @group.command("train")
-@click.option("--max-tokens", type=click.IntRange(min=64), default=8192, show_default=True)
-@click.option("--epochs", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=64),
+    default=8192,
+    show_default=True,
+    help="Tokens of the training texts recorded.",
+)
+@click.option(
+    "--epochs",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Passes over the recorded returns when fitting the predictors.",
+)
 @click.option(
     "--compact-out",
     type=click.Path(dir_okay=False, path_type=pathlib.Path),
@@ -415,7 +433,13 @@ def _train_report(console: Console, lm: Any, fitted: Any, compact_out: pathlib.P
 
 
 @group.command("stats")
-@click.option("--tokens", type=click.IntRange(min=80), default=512, show_default=True)
+@click.option(
+    "--tokens",
+    type=click.IntRange(min=80),
+    default=512,
+    show_default=True,
+    help="Tokens of the text recorded.",
+)
 @click.option(
     "--text",
     type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
