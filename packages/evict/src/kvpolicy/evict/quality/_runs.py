@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ from kvpolicy.evict.quality._decode import DecodeResult, decode_batch, decode_pe
 from kvpolicy.evict.quality._eval import FULL, budget_tokens, policy_factory
 from kvpolicy.evict.quality._lookup import LookupTask, lookup_accuracy
 from kvpolicy.evict.quality._model import CausalLM
+from kvpolicy.kvmodel import EvictionPolicy
 
 __all__ = [
     "ROW_KEY",
@@ -124,6 +125,18 @@ def result_row(
     return row
 
 
+def _plan(
+    policy: str, budget: float, n: int
+) -> tuple[Callable[[], EvictionPolicy] | None, int, float]:
+    """(a factory of fresh policies or None for the full cache, tokens kept, the budget
+    reported) for ``policy`` at ``budget`` of ``n`` tokens."""
+    factory = policy_factory(policy)
+    if factory is None:
+        return None, n, 1.0
+    k = budget_tokens(budget, n)
+    return (lambda: factory(k)), k, budget
+
+
 def decode_row(
     lm: CausalLM,
     input_ids: Any,
@@ -142,13 +155,8 @@ def decode_row(
     ``policy == "full"`` runs the full cache (budget 1.0).
     """
     n = len(input_ids)
-    factory = policy_factory(policy)
-    if factory is None:
-        r = decode_perplexity(lm, input_ids, None, n, progress=progress)
-        k, budget = n, 1.0
-    else:
-        k = budget_tokens(budget, n)
-        r = decode_perplexity(lm, input_ids, lambda: factory(k), k, predictor, progress=progress)
+    make, k, budget = _plan(policy, budget, n)
+    r = decode_perplexity(lm, input_ids, make, k, predictor if make else None, progress=progress)
     return result_row(
         task=task,
         text=text,
@@ -156,7 +164,7 @@ def decode_row(
         policy=policy,
         budget=budget,
         kept=k,
-        predictor=predictor_name if factory is not None else "-",
+        predictor=predictor_name if make is not None else "-",
         result=r,
         lookup=lookup,
     )
@@ -182,13 +190,8 @@ def decode_rows(
 
     batch = torch.stack([torch.as_tensor(i, dtype=torch.long) for i in input_ids])
     n = int(batch.shape[1])
-    factory = policy_factory(policy)
-    if factory is None:
-        results = decode_batch(lm, batch, None, n, progress=progress)
-        k, budget = n, 1.0
-    else:
-        k = budget_tokens(budget, n)
-        results = decode_batch(lm, batch, lambda: factory(k), k, predictor, progress=progress)
+    make, k, budget = _plan(policy, budget, n)
+    results = decode_batch(lm, batch, make, k, predictor if make else None, progress=progress)
     tasks = list(lookups) if lookups is not None else [None] * len(texts)
     return [
         result_row(
@@ -198,7 +201,7 @@ def decode_rows(
             policy=policy,
             budget=budget,
             kept=k,
-            predictor=predictor_name if factory is not None else "-",
+            predictor=predictor_name if make is not None else "-",
             result=r,
             lookup=lookup,
             extra={"batch": len(texts)},
