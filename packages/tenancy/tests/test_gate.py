@@ -22,6 +22,7 @@ from kvpolicy.tenancy import (
 
 MakeRequest = Callable[..., Request]
 BPT = 100  # KV bytes per token: a 64-token prompt is charged 128 tokens and 12,800 bytes
+PAPER = GateConfig(overcommit=True)  # seed 004: priority over-commits a full pool
 
 
 def _pool(*ents: TokenEntitlement, slots: int = 16, tps: float = 240) -> TokenPool:
@@ -107,7 +108,7 @@ class TestOrderedChecks:
         self, small_pool: TokenPool, make_request: MakeRequest
     ) -> None:
         """Unused reservations are held; spot is denied on a full pool, elastic displaces it."""
-        gate = TokenPoolGate(small_pool, BPT)
+        gate = TokenPoolGate(small_pool, BPT, config=PAPER)
         es = [make_request("e") for _ in range(8)]
         ss = [make_request("s") for _ in range(4)]
         assert _decisions(gate, es + ss) == ["ok"] * 12  # 12 + g's 4 reserved = 16
@@ -233,7 +234,7 @@ class TestStateConsistency:
 class TestCapacity:
     def test_shrink_contends(self, small_pool: TokenPool, make_request: MakeRequest) -> None:
         """After an outage halves the slots spot is denied; higher classes displace it."""
-        gate = TokenPoolGate(small_pool, BPT)
+        gate = TokenPoolGate(small_pool, BPT, config=PAPER)
         assert _decisions(gate, [make_request("s") for _ in range(6)]) == ["ok"] * 6
         gate.set_capacity(Resources(120, 10**6, 8), 1.0)
         decisions = _decisions(gate, [make_request(t) for t in "eeseg"], 1.0)
@@ -257,7 +258,7 @@ class TestDebtAndBurst:
         lo = TokenEntitlement(
             "lo", "elastic", Resources(120, 10**6, 2), slo_target_s=30.0, max_output_tokens=64
         )
-        return TokenPoolGate(_pool(hi, lo, slots=2), BPT)
+        return TokenPoolGate(_pool(hi, lo, slots=2), BPT, config=PAPER)
 
     def test_debt_accrues_and_decays(self, make_request: MakeRequest) -> None:
         """Denied by the pool and served nothing, lo has gap 1 and debt 0.3; then 0.7 a step."""
@@ -323,7 +324,7 @@ class TestBindUnbind:
         self, small_pool: TokenPool, make_request: MakeRequest
     ) -> None:
         """Spot cannot use the idle guaranteed reservation: 16 slots less 4 leave 12."""
-        gate = TokenPoolGate(small_pool, BPT)
+        gate = TokenPoolGate(small_pool, BPT, config=PAPER)
         reqs = [make_request("e") for _ in range(8)] + [make_request("s") for _ in range(5)]
         assert _decisions(gate, reqs) == ["ok"] * 12 + ["priority"]
 
@@ -336,7 +337,7 @@ class TestDedicatedBurst:
         )
         g = TokenEntitlement("g", "guaranteed", Resources(80, 10**6, 8))
         s = TokenEntitlement("s", "spot", Resources(80, 10**6, 8))
-        gate = TokenPoolGate(_pool(d, g, s, slots=16, tps=10_000), BPT)
+        gate = TokenPoolGate(_pool(d, g, s, slots=16, tps=10_000), BPT, config=PAPER)
         assert _decisions(gate, [make_request("s") for _ in range(5)]) == ["ok"] * 4 + ["priority"]
         # 4 within d's baseline, 4 bursting over spot, the 9th would eat g's reservation.
         assert _decisions(gate, [make_request("d") for _ in range(9)]) == ["ok"] * 8 + ["priority"]
@@ -363,3 +364,86 @@ class TestReleaseClamp:
         assert huge == bucket_after(64)
         assert huge > 0
         assert "more than the 128 it could produce: clamped" in caplog.text
+
+
+class TestPoolHardLimit:
+    """By default the pool's capacity binds like an entitlement's, whatever the priority."""
+
+    def test_full_pool_denies_every_priority(
+        self, small_pool: TokenPool, make_request: MakeRequest
+    ) -> None:
+        """Where seed 004 lets elastic over-commit (17 in flight), the default says pool-full."""
+        gate = TokenPoolGate(small_pool, BPT)
+        es = [make_request("e") for _ in range(8)]
+        ss = [make_request("s") for _ in range(4)]
+        assert _decisions(gate, es + ss) == ["ok"] * 12  # 12 + g's 4 reserved = 16
+        before = gate.usage("e")
+        decision = gate.check(make_request("s"), 0.0)
+        assert decision == GateDecision(False, 1 / 1.875, "pool-full")
+        assert _decisions(gate, [make_request("g") for _ in range(4)]) == ["ok"] * 4
+        gate.release(es[0], 0.0)
+        decisions = _decisions(gate, [make_request(t) for t in "ses"])
+        assert decisions == ["ok", "pool-full", "pool-full"]
+        assert gate.pool_state().in_flight == 16
+        after = gate.usage("e")
+        assert (after.in_flight, after.contended) == (before.in_flight - 1, 1)
+
+    def test_contention_level_keeps_headroom_for_priority(self, make_request: MakeRequest) -> None:
+        """From 3 of 4 slots on only the higher priority is admitted; the 4th slot is its."""
+        hi = TokenEntitlement(
+            "hi", "elastic", Resources(120, 10**6, 4), slo_target_s=0.5, max_output_tokens=64
+        )
+        lo = TokenEntitlement(
+            "lo", "elastic", Resources(120, 10**6, 4), slo_target_s=30.0, max_output_tokens=64
+        )
+        config = GateConfig(contention_level=0.75)
+        gate = TokenPoolGate(_pool(hi, lo, slots=4, tps=10_000), BPT, config=config)
+        assert _decisions(gate, [make_request("lo") for _ in range(4)]) == [
+            "ok",
+            "ok",
+            "ok",
+            "priority",
+        ]
+        assert _decisions(gate, [make_request("hi") for _ in range(2)]) == ["ok", "pool-full"]
+        assert gate.pool_state().in_flight == 4
+
+    def test_random_traffic_never_exceeds_the_pool(self, make_request: MakeRequest) -> None:
+        """Slots and KV (idle reservations counted) and the token bucket stay within capacity."""
+        import random
+
+        rng = random.Random(7)
+        ents = [
+            TokenEntitlement(
+                "d", "dedicated", Resources(40, 10**6, 3), Resources(100, 2 * 10**6, 8)
+            ),
+            TokenEntitlement("g", "guaranteed", Resources(80, 10**6, 4), slo_target_s=1.0),
+            TokenEntitlement("e", "elastic", Resources(80, 10**6, 4), Resources(160, 10**6, 9)),
+            TokenEntitlement("s", "spot", Resources(80, 10**6, 12), slo_target_s=30.0),
+        ]
+        pool = _pool(*ents, slots=16, tps=400)
+        for config in (GateConfig(), GateConfig(contention_level=0.8)):
+            gate = TokenPoolGate(pool, BPT, config=config)
+            held: list[Request] = []
+            now = 0.0
+            for _ in range(3_000):
+                now += rng.expovariate(50.0)
+                req = make_request(rng.choice("dges"), prompt_len=rng.randint(1, 200))
+                if gate.check(req, now).admitted:
+                    held.append(req)
+                while held and (len(held) > 14 or rng.random() < 0.4):
+                    gate.release(held.pop(rng.randrange(len(held))), now)
+                ps = gate.pool_state()
+                _, res_kv, res_slots = gate._reserved
+                assert ps.in_flight + res_slots - ps.reserved_used_slots <= 16
+                assert ps.kv_bytes + res_kv - ps.reserved_used_kv_bytes <= pool.capacity.kv_bytes
+                assert ps.bucket >= -1e-9
+
+    @pytest.mark.parametrize("bad", [0.0, -0.5, 1.5, math.nan])
+    def test_contention_level_must_be_a_fraction(self, bad: float) -> None:
+        message = f"'contention_level' must be in (0, 1]: {bad!r}"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            GateConfig(contention_level=bad)
+
+    def test_overcommit_must_be_bool(self) -> None:
+        with pytest.raises(TypeError, match="overcommit"):
+            GateConfig(overcommit="yes")  # type: ignore[arg-type]

@@ -270,14 +270,17 @@ class TestPriority:
     """The Redis path carries seed 004's priority, debt and burst: replicas sharing one Redis
     decide exactly as one in-process ``TokenPoolGate`` on the same sequence."""
 
-    @pytest.mark.parametrize("seed", [1, 2])
+    @pytest.mark.parametrize(
+        ("seed", "overcommit", "level"), [(1, True, 1.0), (2, False, 0.75), (3, False, 1.0)]
+    )
     def test_replicas_decide_as_one_in_process_gate(
-        self, redis_proc: Any, small_pool: TokenPool, seed: int
+        self, redis_proc: Any, small_pool: TokenPool, seed: int, overcommit: bool, level: float
     ) -> None:
         """3 replicas (each its own connection) take turns at random over a contended pool:
         every decision, reason and Retry-After, and every entitlement's debt, burst and
-        priority after each step, equal the in-process gate's."""
-        config = GateConfig(update_interval_s=1.0)
+        priority after each step, equal the in-process gate's; seed 004's over-committing
+        pool and the default hard pool (with and without a contention level) alike."""
+        config = GateConfig(update_interval_s=1.0, overcommit=overcommit, contention_level=level)
         ref = TokenPoolGate(small_pool, 100, config=config)
         replicas = [
             RedisLeaseGate.from_url(
@@ -318,7 +321,11 @@ class TestPriority:
                 assert burst == pytest.approx(mine.burst, rel=1e-9, abs=1e-12)
                 assert weight == pytest.approx(ref.priority(tenant), rel=1e-9)
                 peak_debt = max(peak_debt, debt)
-        assert reasons["priority"] > 50  # the priority path ran
+        if overcommit or level < 1:
+            assert reasons["priority"] > (50 if overcommit else 5)  # the priority path ran
+        if not overcommit:
+            assert reasons["pool-full"] > 0  # and the hard limit
+            assert reasons["pool-full"] + reasons["priority"] > 50
         assert reasons[""] > 300
         assert peak_debt > 0.2  # and elastic debt accrued
         for done in held:
@@ -387,10 +394,11 @@ def _replica(url: str, index: int, decisions: int, out: Any, tenants: str = "g")
 
     rng = random.Random(index)
     pool = _pool() if tenants == "g" else _contended_pool()
-    gate = _gate(url, lease_ttl_s=30, pool=pool)
+    gate = _gate(url, lease_ttl_s=30, pool=pool, config=GateConfig(contention_level=0.8))
     probe = redis.Redis.from_url(url)
     held: list[Request] = []
     admitted = violations = peak = by_priority = 0
+    pool_slots = pool.capacity.concurrency
     for n in range(decisions):
         tenant = tenants[n % len(tenants)]
         req = _req(f"{index}-{n}", tenant=tenant, prompt_len=8)
@@ -402,13 +410,16 @@ def _replica(url: str, index: int, decisions: int, out: Any, tenants: str = "g")
             if tenant == "g":
                 peak = max(peak, seen)
             violations += seen > LIMITS[tenant]
+            violations += int(probe.incr("probe:pool")) > pool_slots  # nor the pool's
             held.append(req)
         if len(held) >= 4 or (held and rng.random() < 0.3):
             done = held.pop(rng.randrange(len(held)))
             probe.decr(f"probe:{done.tenant}")
+            probe.decr("probe:pool")
             gate.release(done, 8 + n % 17)
     for done in held:
         probe.decr(f"probe:{done.tenant}")
+        probe.decr("probe:pool")
         gate.release(done)
     out.put((admitted, violations, peak, by_priority))
 
@@ -452,9 +463,10 @@ class TestReplicas:
         self, redis_proc: Any, tenants: str
     ) -> None:
         """4 processes x 10,000 decisions: on one entitlement of concurrency 8 (``"g"``), and
-        on three that contend for a pool of 10 slots through the priority check (``"gse"``).
-        Independent probe counters, raised after each admission and lowered before its
-        release, never pass a limit, and every counter ends at exactly 0."""
+        on three that contend for a pool of 10 slots through the priority check (``"gse"``,
+        contended from 8 slots on). Independent probe counters, raised after each admission
+        and lowered before its release, never pass an entitlement's limit nor the pool's,
+        and every counter ends at exactly 0."""
         ctx = mp.get_context("fork")
         out = ctx.Queue()
         procs = [

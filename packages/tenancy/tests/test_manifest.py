@@ -124,6 +124,10 @@ class TestLoadGate:
         assert stranger is not None
         assert (stranger.tenant, stranger.service_class.name) == ("stranger", "spot")
         assert load_gate(MANIFEST, 100).entitlement("stranger") is None
+        assert not load_gate(MANIFEST, 100).config.overcommit  # a hard pool by default
+        doc["gate"] = {"overcommit": True, "contention_level": 0.9}
+        config = load_gate(doc, 100).config
+        assert (config.overcommit, config.contention_level) == (True, 0.9)
 
     def test_bad_sections(self) -> None:
         """Unknown gate keys, a tenant in the default, or a reserving default are refused."""
@@ -134,6 +138,9 @@ class TestLoadGate:
         doc = json.loads(json.dumps(MANIFEST))
         doc["gate"] = {"gamma_d": 1.5}
         with pytest.raises(ManifestError, match=re.escape("gate: 'gamma_d' must be < 1.0: 1.5")):
+            load_manifest(doc)
+        doc["gate"] = {"contention_level": 1.2}
+        with pytest.raises(ManifestError, match=re.escape("gate: 'contention_level' must be in")):
             load_manifest(doc)
         doc = json.loads(json.dumps(MANIFEST))
         doc["default"] = {"tenant": "x"}

@@ -16,6 +16,6 @@ def test_tour_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert code is not None
     exec(compile(code.group(1), str(README), "exec"), {})
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == str(["ok"] * 10 + ["priority"] * 2)
+    assert lines[0] == str(["ok"] * 10 + ["pool-full"] * 2)
     assert lines[1] == "GateDecision(admitted=True, retry_after=0.0, reason='')"
     assert float(lines[2]) > 0

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from kvpolicy.kvmodel import Request, get_model
-from kvpolicy.tenancy import Resources, TokenEntitlement, TokenPool, TokenPoolGate
+from kvpolicy.tenancy import GateConfig, Resources, TokenEntitlement, TokenPool, TokenPoolGate
 
 TRACES = pathlib.Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"
 AZURE = TRACES / "azure-llm-2023-conv" / "AzureLLMInferenceTrace_conv.csv"
@@ -43,9 +43,11 @@ def _requests() -> list[Request]:
 
 
 class TestAzureConversation:
-    def test_protection_and_conservation(self) -> None:
-        """Over the whole trace guaranteed is never denied by the pool, spot takes most
-        priority denials, and every counter returns to zero."""
+    @pytest.mark.parametrize("overcommit", [True, False])
+    def test_protection_and_conservation(self, overcommit: bool) -> None:
+        """Over the whole trace guaranteed is never denied by the pool, spot takes most pool
+        denials, every counter returns to zero, and (unless over-committing, seed 004's way)
+        the pool never holds more than its 12 slots."""
         model = get_model("Llama-3-8B")
         bpt = model.kv_bytes_per_token()
         slot_kv = 4096 * bpt
@@ -62,7 +64,9 @@ class TestAzureConversation:
         pool = TokenPool(
             "azure", Resources(24_000.0, 12 * slot_kv, 12), [ent(c, 4) for c in CLASSES]
         )
-        gate = TokenPoolGate(pool, model)
+        config = GateConfig(overcommit=overcommit, contention_level=1.0 if overcommit else 0.75)
+        gate = TokenPoolGate(pool, model, config=config)
+        peak = 0
         pending: list[tuple[float, str, Request]] = []
         reasons: Counter[tuple[str, str]] = Counter()
         for req in _requests():
@@ -71,6 +75,7 @@ class TestAzureConversation:
                 gate.release(old, done)
             decision = gate.check(req, req.arrival_time)
             reasons[req.tenant, decision.reason or "ok"] += 1
+            peak = max(peak, gate.pool_state().in_flight)
             if decision.admitted:
                 # A replica serving prompts at 3000 tokens/s and 30 output tokens/s per request.
                 finish = req.arrival_time + req.prompt_len / 3000 + req.decode_len / 30
@@ -78,8 +83,11 @@ class TestAzureConversation:
         while pending:
             done, _, old = heapq.heappop(pending)
             gate.release(old, done)
-        assert reasons["guaranteed", "priority"] == 0
-        assert reasons["spot", "priority"] > reasons["elastic", "priority"]
+        pool_denials = ("priority", "pool-full")
+        assert all(reasons["guaranteed", why] == 0 for why in pool_denials)
+        for why in pool_denials if not overcommit else ("priority",):
+            assert reasons["spot", why] > reasons["elastic", why]
+        assert (peak <= 12) != overcommit
         assert sum(reasons.values()) == 19_366
         ps = gate.pool_state()
         assert (ps.in_flight, ps.kv_bytes, ps.tokens, ps.reserved_used_slots) == (0, 0, 0, 0)

@@ -37,6 +37,7 @@ STACK_PRESETS: dict[str, StackConfig] = {
             params={
                 "tenants": _TENANTS,
                 "default": "split",
+                "overcommit": True,
             },
             refresh_s=15.0,
         ),
@@ -57,12 +58,13 @@ eviction, prefix caching on in HBM only (vLLM's defaults). ``kvpolicy``: every p
 adapted to the workload: a token-pool gateway (seed 004) in which the multi-tenant
 workload's five tenants keep their entitlements and every other tenant of the workload gets
 an equal elastic share of what they don't reserve (an untagged trace is one tenant owning
-the whole pool), its clients retrying three times after each Retry-After, its throughput
-estimate refreshed every 15 s from the service observed at the server; greedy admission
-(seed 002's one-step check; its rate-limited admission delays requests on real traces, see
-integrations/sim/RESULTS.md); Token-PD (seed 000) holding resident tokens to 90% of the pool
-only under pressure (no eviction while the pool has room; rounds at most every 512
-iterations); least-progressed-first
+the whole pool), a request whose priority exceeds the threshold admitted over a full pool
+(seed 004's over-commit: the server's queue holds it), its clients retrying three times
+after each Retry-After, its throughput estimate refreshed every 15 s from the service
+observed at the server; greedy admission (seed 002's one-step check; its rate-limited
+admission delays requests on real traces, see integrations/sim/RESULTS.md); Token-PD
+(seed 000) holding resident tokens to 90% of the pool only under pressure (no eviction
+while the pool has room; rounds at most every 512 iterations); least-progressed-first
 preemption; 64 GiB of DRAM below HBM's prefix cache (seed 003)."""
 
 

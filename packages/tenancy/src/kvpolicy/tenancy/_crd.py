@@ -40,6 +40,8 @@ _FIELDS: dict[str, dict[str, Any]] = {
     "window_s": _POSITIVE,
     "min_retry_s": _POSITIVE,
     "max_retry_s": _POSITIVE,
+    "overcommit": {"type": "boolean"},
+    "contention_level": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     **{k: {"type": "number"} for k in _COEFFICIENT_KEYS},
 }
 

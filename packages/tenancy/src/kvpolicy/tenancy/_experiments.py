@@ -20,7 +20,7 @@ import attrs
 
 from kvpolicy.kvmodel import Request
 from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool
-from kvpolicy.tenancy._gate import TokenPoolGate
+from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
 
 __all__ = ["EXPERIMENTS", "Replay", "replay_experiment"]
 
@@ -141,6 +141,10 @@ def _resources(slots: int, tps: float | None = None, kv_tokens: int = 512) -> Re
     return Resources(PER_SLOT * slots if tps is None else tps, kv_tokens * BPT * slots, slots)
 
 
+# The paper's gateway over-commits a full pool for requests above the threshold (§4.3).
+_PAPER = GateConfig(overcommit=True)
+
+
 def _cross_class() -> Replay:
     """Experiment 1 (§5.2): two guaranteed tenants and a spot tenant on 16 slots."""
     ents = [
@@ -148,7 +152,7 @@ def _cross_class() -> Replay:
         TokenEntitlement("spot-b", "spot", _resources(10), max_output_tokens=64),
     ]
     late = TokenEntitlement("guaranteed-c", "guaranteed", _resources(6), max_output_tokens=64)
-    gate = TokenPoolGate(TokenPool("qwen3-8b", _resources(16), ents), BPT)
+    gate = TokenPoolGate(TokenPool("qwen3-8b", _resources(16), ents), BPT, config=_PAPER)
 
     def join_and_leave(gate: TokenPoolGate, now: float) -> None:
         # guaranteed-c's entitlement is bound at 30 s and unbound once its last request
@@ -186,7 +190,7 @@ def _fair_share() -> Replay:
         elastic("elastic-synth", 30.0),
         elastic("elastic-reports", 5.0),
     ]
-    gate = TokenPoolGate(TokenPool("qwen3-8b", _resources(16), ents), BPT)
+    gate = TokenPoolGate(TokenPool("qwen3-8b", _resources(16), ents), BPT, config=_PAPER)
     clients = (
         [Client("elastic-copilot", 0, 300, (32, 176)) for _ in range(7)]
         + [Client("elastic-synth", 0, 300, (32, 176)) for _ in range(7)]

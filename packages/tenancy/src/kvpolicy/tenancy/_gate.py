@@ -39,6 +39,11 @@ def _finite_positive(_inst: object, attribute: object, value: float) -> None:
         raise ValueError(f"'{getattr(attribute, 'name', '?')}' must be finite and > 0: {value!r}")
 
 
+def _fraction(_inst: object, attribute: object, value: float) -> None:
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise ValueError(f"'{getattr(attribute, 'name', '?')}' must be in (0, 1]: {value!r}")
+
+
 @frozen
 class GateConfig:
     """Settings of a :class:`TokenPoolGate`."""
@@ -57,6 +62,19 @@ class GateConfig:
     """Shortest Retry-After, seconds."""
     max_retry_s: float = field(default=60.0, converter=float, validator=_finite_positive)
     """Longest Retry-After, seconds; also the answer when waiting cannot help."""
+    overcommit: bool = field(default=False, validator=instance_of(bool))
+    """Whether a request whose priority exceeds the admission threshold is admitted over a
+    full pool, as in seed 004 (§4.3: "requests with sufficient priority are admitted" and
+    the server queues the excess). ``False`` (the default): the pool's concurrency, KV bytes
+    and token budget are hard limits like an entitlement's, and a request that would pass
+    one of them (idle reservations counted as taken) is denied ``"pool-full"`` whatever its
+    priority. The paper's replays (``tenancy replay``) set it."""
+    contention_level: float = field(default=1.0, converter=float, validator=_fraction)
+    """Fraction of the pool's capacity (each of slots, KV bytes and token budget) from which
+    the pool counts as contended (§4.3 check 5): past it only a request whose priority
+    exceeds the threshold is admitted. 1 is the paper's "pool is full"; with
+    ``overcommit=False`` a level under 1 keeps the capacity above it for the entitlements of
+    higher priority."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_retry_s < self.min_retry_s:
@@ -99,18 +117,22 @@ class TokenPoolGate:
     4. ``"tokens"``: the entitlement's token bucket (rate ``lambda_e``, depth ``window_s``
        seconds of it) lacks the request's tokens; then ``"kv-cache"``: its KV bytes in flight
        plus the request's exceed ``chi_e``.
-    5. ``"priority"``: the pool is contended (the request does not fit the pool's free
-       slots, KV bytes or token bucket, where reservations not in use count as taken: a
-       reservation is held even when idle, Table 1) and the entitlement's priority ``w_e``
-       (eq. 1) does not exceed the admission threshold, the minimum priority among
-       entitlements with requests in flight. A dedicated or guaranteed request within its
-       reserved baseline skips this check (a reservation is never reclaimed), and a
-       dedicated request above its baseline is admitted only while reserved and protected
-       holdings stay within capacity.
+    5. ``"pool-full"``: the request does not fit the pool's free slots, KV bytes or token
+       bucket, where reservations not in use count as taken (a reservation is held even
+       when idle, Table 1). Not with ``GateConfig.overcommit``, where check 6 decides.
+    6. ``"priority"``: the pool is contended (past ``GateConfig.contention_level`` of its
+       capacity, counted as in check 5; with ``overcommit`` and the default level 1, the
+       paper's "pool is full") and the entitlement's priority ``w_e`` (eq. 1) does not
+       exceed the admission threshold, the minimum priority among entitlements with
+       requests in flight.
 
-    Limits are the burst limits for classes that burst, the baseline otherwise. Admitting
-    over a contended pool over-commits it: the backend queues the request while
-    lower-priority work drains, and lower-priority requests are denied meanwhile.
+    A dedicated or guaranteed request within its reserved baseline skips checks 5 and 6 (a
+    reservation is never reclaimed), and a dedicated request above its baseline is admitted
+    only while reserved and protected holdings stay within capacity. Limits are the burst
+    limits for classes that burst, the baseline otherwise. By default the pool's capacity
+    is never exceeded; with ``overcommit`` (seed 004) admitting by priority over a full
+    pool over-commits it: the backend queues the request while lower-priority work drains,
+    and lower-priority requests are denied meanwhile.
 
     :meth:`release` returns what a request held and books its actual tokens
     (``prompt_len + decode_len``) instead of the charge. Every ``update_interval_s`` seconds
@@ -335,17 +357,35 @@ class TokenPoolGate:
         reserved = (
             protected and s.in_flight + 1 <= base.concurrency and s.kv_bytes + kv <= base.kv_bytes
         )
-        if not reserved:  # §4.3 check (5): pool contention
+        if reserved and not cfg.overcommit and cost > pool_level:  # §4.3 check (5)
+            wait = self._wait(0, 0, cost - pool_level, 0, 0, 0, cap.tokens_per_s)
+            store.put_entitlement(tenant, attrs.evolve(s, contended=s.contended + 1))
+            return GateDecision(False, wait, "pool-full")
+        if not reserved:  # §4.3 checks (5) and (6): a full pool, pool contention
             # Reservations are held for their entitlements even when idle (Table 1), so the
-            # pool is full at ``in flight + unused reservations``.
-            _, res_kv, res_slots = self._reserved
-            unused_slots = res_slots - ps.reserved_used_slots
-            unused_kv = res_kv - ps.reserved_used_kv_bytes
-            need_slots = ps.in_flight + unused_slots + 1 - cap.concurrency
-            need_kv = ps.kv_bytes + unused_kv + kv - cap.kv_bytes
+            # pool is full at ``in flight + unused reservations``; with a hard pool the
+            # reserved token rates' window is held back from the shared token bucket too.
+            res_tps, res_kv, res_slots = self._reserved
+            slots_after = ps.in_flight + res_slots - ps.reserved_used_slots + 1
+            kv_after = ps.kv_bytes + res_kv - ps.reserved_used_kv_bytes + kv
+            need_slots: float = slots_after - cap.concurrency
+            need_kv: float = kv_after - cap.kv_bytes
             need_tokens = cost - pool_level
-            contended = need_slots > 0 or need_kv > 0 or need_tokens > 0
-            if contended and not self._may_displace(ent, ps, kv, tenant):
+            if not cfg.overcommit:
+                need_tokens += min(res_tps, cap.tokens_per_s) * cfg.window_s
+            reason = ""
+            if not cfg.overcommit and (need_slots > 0 or need_kv > 0 or need_tokens > 0):
+                reason = "pool-full"
+            else:
+                frac = cfg.contention_level
+                if frac < 1:  # contended from ``frac`` of the capacity on
+                    need_slots = slots_after - frac * cap.concurrency
+                    need_kv = kv_after - frac * cap.kv_bytes
+                    need_tokens += (1 - frac) * pool_depth
+                contended = need_slots > 0 or need_kv > 0 or need_tokens > 0
+                if contended and not self._may_displace(ent, ps, kv, tenant):
+                    reason = "priority"
+            if reason:
                 wait = self._wait(
                     max(0, need_slots),
                     max(0, need_kv),
@@ -355,21 +395,8 @@ class TokenPoolGate:
                     ps.kv_bytes,
                     cap.tokens_per_s,
                 )
-                store.put_entitlement(
-                    tenant,
-                    EntitlementState(
-                        s.in_flight,
-                        s.kv_bytes,
-                        s.tokens,
-                        s.bucket,
-                        s.bucket_time,
-                        s.burst,
-                        s.debt,
-                        s.served,
-                        s.contended + 1,
-                    ),
-                )
-                return GateDecision(False, wait, "priority")
+                store.put_entitlement(tenant, attrs.evolve(s, contended=s.contended + 1))
+                return GateDecision(False, wait, reason)
 
         if protected:
             n = s.in_flight

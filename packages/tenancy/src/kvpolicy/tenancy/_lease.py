@@ -206,9 +206,11 @@ end
 """
 
 # ARGV 16..: id, tenant, tokens, kv, ttl_s, idle_s, spec, concurrency, rate, depth, kv bytes
-# (the entitlement's limits), then reserved? ("1": within its reserved baseline is decided
-# in the script). Returns {1} admitted; {-1} duplicate; or {0, reason, slots, kv, tokens,
-# in_flight, in_flight_tokens, in_flight_kv, drain} for the Retry-After.
+# (the entitlement's limits), then GateConfig's overcommit (1 or 0) and contention level,
+# and the reserved token rates' window (held back from the pool's bucket when the pool is
+# hard). Whether the request is within its reserved baseline is decided in the script.
+# Returns {1} admitted; {-1} duplicate; or {0, reason, slots, kv, tokens, in_flight,
+# in_flight_tokens, in_flight_kv, drain} for the Retry-After.
 _LUA_ACQUIRE = (
     _LUA_COMMON
     + """
@@ -217,6 +219,7 @@ local tok, kv, ttl, idle = tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV
 local spec = ARGV[22]
 local conc, rate, depth, kvcap = tonumber(ARGV[23]), tonumber(ARGV[24]), tonumber(ARGV[25]),
                                  tonumber(ARGV[26])
+local overcommit, frac, held = tonumber(ARGV[27]), tonumber(ARGV[28]), tonumber(ARGV[29])
 if redis.call('HEXISTS', data, id) == 1 then return {-1} end
 local p, K = pool_state()
 reclaim(p, K, idle, 8)
@@ -240,21 +243,38 @@ if s.kv + kv > kvcap then
   return deny('kv-cache', 0, s.kv + kv - kvcap, 0, s.inf, s.tok, s.kv, drain)
 end
 local reserved = e.prot == 1 and s.inf + 1 <= e.bconc and s.kv + kv <= e.bkv
+if reserved and overcommit == 0 and tok > plevel then
+  s.cont = s.cont + 1
+  s.new = false
+  return deny('pool-full', 0, 0, tok - plevel, 0, 0, 0, prate)
+end
 if not reserved then
-  local need_slots = p.inf + (resslots - p.rus) + 1 - pconc
-  local need_kv = p.kv + (reskv - p.ruk) + kv - pkvcap
-  local need_tok = tok - plevel
-  if need_slots > 0 or need_kv > 0 or need_tok > 0 then
-    local ok = weight(s) > threshold(p, K, idle)
-    if ok and e.prot == 1 then
-      ok = p.pinf + resslots - p.rus + 1 <= pconc and p.pkv + reskv - p.ruk + kv <= pkvcap
+  local slots_after = p.inf + (resslots - p.rus) + 1
+  local kv_after = p.kv + (reskv - p.ruk) + kv
+  local need_slots, need_kv, need_tok = slots_after - pconc, kv_after - pkvcap, tok - plevel
+  local reason = nil
+  if overcommit == 0 then need_tok = need_tok + held end
+  if overcommit == 0 and (need_slots > 0 or need_kv > 0 or need_tok > 0) then
+    reason = 'pool-full'
+  else
+    if frac < 1 then
+      need_slots = slots_after - frac * pconc
+      need_kv = kv_after - frac * pkvcap
+      need_tok = need_tok + (1 - frac) * pdepth
     end
-    if not ok then
-      s.cont = s.cont + 1
-      s.new = false
-      return deny('priority', math.max(0, need_slots), math.max(0, need_kv),
-                  math.max(0, need_tok), p.inf, p.tok, p.kv, prate)
+    if need_slots > 0 or need_kv > 0 or need_tok > 0 then
+      local ok = weight(s) > threshold(p, K, idle)
+      if ok and e.prot == 1 then
+        ok = p.pinf + resslots - p.rus + 1 <= pconc and p.pkv + reskv - p.ruk + kv <= pkvcap
+      end
+      if not ok then reason = 'priority' end
     end
+  end
+  if reason then
+    s.cont = s.cont + 1
+    s.new = false
+    return deny(reason, math.max(0, need_slots), math.max(0, need_kv),
+                math.max(0, need_tok), p.inf, p.tok, p.kv, prate)
   end
 end
 take(s, p, tok, kv)
@@ -413,11 +433,11 @@ class RedisLeaseGate:
     Every decision, release and renewal is one Lua script: one round trip, atomic inside
     Redis. The checks are :class:`~kvpolicy.tenancy.TokenPoolGate`'s, in its order and with
     its reasons (``"unknown-tenant"``, ``"oversized"``, ``"concurrency"``, ``"tokens"``,
-    ``"kv-cache"``, ``"priority"``), its priority weights (eq. 1), debt (eq. 2) and burst
-    intensity (eq. 3), its admission threshold and reservations: replicas sharing one Redis
-    decide as one in-process gate would on the same sequence, and never together exceed an
-    entitlement's concurrency, token budget or KV bytes. The pool's capacity binds as in
-    :class:`~kvpolicy.tenancy.TokenPoolGate`: over a contended pool only a request whose
+    ``"kv-cache"``, ``"pool-full"``, ``"priority"``), its priority weights (eq. 1), debt
+    (eq. 2) and burst intensity (eq. 3), its admission threshold and reservations: replicas
+    sharing one Redis decide as one in-process gate would on the same sequence, and never
+    together exceed an entitlement's concurrency, token budget or KV bytes, nor (unless
+    ``GateConfig.overcommit``) the pool's. Over a contended pool only a request whose
     priority exceeds the threshold (or within a reservation) is admitted.
     ``"state-unavailable"`` is the one reason of its own (see :class:`OutagePolicy`).
 
@@ -522,7 +542,8 @@ class RedisLeaseGate:
         self._default = default_entitlement
         self._ents = {e.tenant: e for e in pool.entitlements}
         cap, c = pool.capacity, config.coefficients
-        _, res_kv, res_slots = pool.reserved
+        res_tps, res_kv, res_slots = pool.reserved
+        self._held_tokens = repr(min(res_tps, cap.tokens_per_s) * self._window)
         self._common: list[Any] = [
             self._ns,
             "",
@@ -736,6 +757,9 @@ class RedisLeaseGate:
             repr(lim.tokens_per_s),
             repr(lim.tokens_per_s * self._window),
             lim.kv_bytes,
+            int(cfg.overcommit),
+            repr(cfg.contention_level),
+            self._held_tokens,
         ]
         return ent, tok, kv, args
 

@@ -27,7 +27,14 @@ _ENTITLEMENT_KEYS = frozenset(
 _POOL_KEYS = frozenset({"name", "capacity"})
 _TOP_KEYS = frozenset({"pool", "entitlements", "default", "gate"})
 _COEFFICIENT_KEYS = frozenset({"alpha_slo", "alpha_burst", "alpha_debt", "gamma_d", "gamma_b"})
-_GATE_KEYS = _COEFFICIENT_KEYS | {"update_interval_s", "window_s", "min_retry_s", "max_retry_s"}
+_GATE_KEYS = _COEFFICIENT_KEYS | {
+    "update_interval_s",
+    "window_s",
+    "min_retry_s",
+    "max_retry_s",
+    "overcommit",
+    "contention_level",
+}
 
 
 def _mapping(value: object, where: str) -> Mapping[str, Any]:

@@ -112,6 +112,8 @@ def token_pool_gateway(
     update_interval_s: float | None = None,
     min_retry_s: float | None = None,
     max_retry_s: float | None = None,
+    overcommit: bool | None = None,
+    contention_level: float | None = None,
     *,
     context: ServerContext,
 ) -> TokenPoolGate:
@@ -124,7 +126,8 @@ def token_pool_gateway(
             docstring), or None (tenants not named are denied).
         tokens_per_s: the server's sustained tokens/s (default: the context's).
         window_s: :class:`GateConfig` ``window_s`` (None: its default); likewise
-            ``update_interval_s``, ``min_retry_s``, ``max_retry_s``.
+            ``update_interval_s``, ``min_retry_s``, ``max_retry_s``, ``overcommit`` and
+            ``contention_level``.
         context: the server.
 
     Raises:
@@ -147,6 +150,8 @@ def token_pool_gateway(
             ("update_interval_s", update_interval_s),
             ("min_retry_s", min_retry_s),
             ("max_retry_s", max_retry_s),
+            ("overcommit", overcommit),
+            ("contention_level", contention_level),
         )
         if v is not None
     }
