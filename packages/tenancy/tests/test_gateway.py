@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
-pytest.importorskip("aiohttp")
+pytest.importorskip("httptools")
 
 from starlette.applications import Starlette  # noqa: E402
 from starlette.requests import Request as HttpRequest  # noqa: E402

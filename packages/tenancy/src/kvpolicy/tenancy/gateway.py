@@ -1,21 +1,21 @@
 """An OpenAI-compatible token-pool gateway (the ``gateway`` extra).
 
-Starlette + uvicorn serve it and aiohttp calls the backend: Starlette is a small, typed,
-well-kept ASGI toolkit whose streaming responses and lifespan hooks are all a proxy needs
-(FastAPI would add validation machinery for three endpoints), uvicorn is the ASGI server
-vLLM itself runs on, and aiohttp's client streams upstream responses with timeouts; its
-compiled HTTP parser cut the gateway's CPU per proxied request by a fifth against httpx
-(1.5 to 1.2 ms on the 2-core development machine), which decides how many requests/s one
-gateway process can proxy.
-
 API key -> entitlement -> the gate's checks -> proxy to the backend, or 429 with a
 Retry-After and an OpenAI-shaped error body. On completion, client disconnect or backend
 error, exactly what the request held is released with the tokens it really produced.
 
-:func:`create_app` builds the service; :class:`TokenPoolMiddleware` is the same admission as
-ASGI middleware for ``vllm serve --middleware kvpolicy.tenancy.gateway.TokenPoolMiddleware``
-(configured by the environment variables ``KVPOLICY_POOL``, ``KVPOLICY_API_KEYS`` and
-``KVPOLICY_REDIS``).
+:func:`create_app` builds the service, a plain ASGI application served by uvicorn (the ASGI
+server vLLM itself runs on; its ``standard`` extra brings uvloop and the httptools parser).
+The gateway adds a hop to every request, so what it costs per request is what its users
+pay: the app speaks ASGI directly, without a framework's routing and request and response
+objects, and calls the backend with :class:`~kvpolicy.tenancy._upstream.Upstream`, a
+keep-alive client on asyncio protocols and httptools. On the 2-core development machine
+that took the gateway's CPU per proxied request from 0.45-0.65 ms (Starlette with aiohttp's
+client) to about half of it; ``benchmarks/bench_gateway.py`` measures the added latency.
+
+:class:`TokenPoolMiddleware` is the same admission as ASGI middleware for
+``vllm serve --middleware kvpolicy.tenancy.gateway.TokenPoolMiddleware`` (configured by the
+environment variables ``KVPOLICY_POOL``, ``KVPOLICY_API_KEYS`` and ``KVPOLICY_REDIS``).
 """
 
 from __future__ import annotations
@@ -27,32 +27,31 @@ import json
 import math
 import os
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-import aiohttp
-import anyio
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
 
 from kvpolicy.kvmodel import GateDecision, Request
 from kvpolicy.tenancy._entitlements import TokenEntitlement, TokenPool
 from kvpolicy.tenancy._errors import UnknownRequestError
 from kvpolicy.tenancy._gate import TokenPoolGate
 from kvpolicy.tenancy._lease import LeaseRelease, RedisLeaseGate
+from kvpolicy.tenancy._upstream import Upstream, UpstreamError, UpstreamReply, UpstreamTimeoutError
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
 
 __all__ = ["Admission", "LocalGate", "TokenPoolMiddleware", "create_app", "load_api_keys"]
 
 _PATHS = ("/v1/chat/completions", "/v1/completions")
 _JSON = {"content-type": "application/json"}
 _ids = itertools.count()
+_RUN = os.urandom(4).hex()  # request ids unique across gateway processes and restarts
+_PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 
 
 class LocalGate:
@@ -165,9 +164,38 @@ def load_api_keys(source: str | os.PathLike[str] | Mapping[str, str]) -> dict[st
     return doc
 
 
-def _error(status: int, message: str, kind: str, code: str, headers: Any = None) -> JSONResponse:
+class Reply:
+    """A whole HTTP answer (status, body, headers), itself an ASGI application."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(
+        self,
+        body: bytes,
+        status: int = 200,
+        content_type: bytes = b"application/json",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """``headers`` are added to ``Content-Type`` and ``Content-Length``."""
+        self.body = body
+        self.status = status
+        self.headers = [(b"content-type", content_type)]
+        if headers:
+            self.headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send it."""
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+def _json(doc: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Reply:
+    return Reply(json.dumps(doc).encode(), status, headers=headers)
+
+
+def _error(status: int, message: str, kind: str, code: str, headers: Any = None) -> Reply:
     body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return _json(body, status, headers)
 
 
 def _prompt_tokens(body: Mapping[str, Any]) -> int:
@@ -180,18 +208,41 @@ def _prompt_tokens(body: Mapping[str, Any]) -> int:
     return max(1, math.ceil(len(text) / 4))
 
 
-@attrs.define
 class Ticket:
     """An admitted request on its way to the backend."""
 
-    request: Request
-    tenant: str
-    body: bytes
-    stream: bool
-    max_tokens: int
-    started: float
-    output_tokens: int = 0
-    done: bool = False
+    __slots__ = ("body", "done", "max_tokens", "output_tokens", "request", "started", "stream")
+
+    def __init__(self, request: Request, body: bytes, stream: bool, max_tokens: int) -> None:
+        """Admitted now."""
+        self.request = request
+        self.body = body
+        self.stream = stream
+        self.max_tokens = max_tokens
+        self.started = time.monotonic()
+        self.output_tokens = 0
+        self.done = False
+
+    @property
+    def tenant(self) -> str:
+        """Whose request it is."""
+        return self.request.tenant
+
+
+class _Labelled:
+    """One Prometheus metric's per-entitlement children, looked up once each."""
+
+    __slots__ = ("children", "metric")
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self.children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *labels: str) -> Any:
+        child = self.children.get(labels)
+        if child is None:
+            child = self.children[labels] = self.metric.labels(*labels)
+        return child
 
 
 class Admission:
@@ -225,11 +276,15 @@ class Admission:
         self.latency = Counter(
             "kvpolicy_latency_seconds", "Summed request latency", labels, registry=reg
         )
+        self._admitted, self._denied = _Labelled(self.admitted), _Labelled(self.denied)
+        self._in_flight, self._tokens = _Labelled(self.in_flight), _Labelled(self.tokens)
+        self._debt, self._priority = _Labelled(self.debt), _Labelled(self.priority)
+        self._latency = _Labelled(self.latency)
 
-    async def admit(self, headers: Mapping[str, str], body: bytes) -> Ticket | Response:
-        """Check one request; a :class:`Ticket` when admitted, else the error response."""
-        auth = headers.get("authorization", "")
-        key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    async def admit(self, auth: str, body: bytes) -> Ticket | Reply:
+        """Check one request (``auth``: its ``Authorization`` header); a :class:`Ticket` when
+        admitted, else the error reply."""
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         tenant = self.api_keys.get(key)
         if tenant is None:
             return _error(401, "Missing or unknown API key.", "invalid_request_error", "auth")
@@ -260,22 +315,21 @@ class Admission:
                 f"entitlement of {tenant!r} can ever fund ({most} tokens)."
             )
             return _error(400, msg, "invalid_request_error", "oversized")
-        rid = f"gw-{uuid.uuid4().hex[:12]}-{next(_ids)}"
-        req = Request(rid, prompt, mt, tenant=tenant)
+        req = Request(f"gw-{_RUN}-{next(_ids)}", prompt, mt, tenant=tenant)
         if isinstance(self.gate, LocalGate):  # microseconds: no round trip
             decision = self.gate.check(req, max_output_tokens=mt)
         else:  # one Redis round trip, awaited on the event loop
             decision = await self.gate.acheck(req, max_output_tokens=mt)
         if not decision.admitted:
-            self.denied.labels(tenant, decision.reason).inc()
+            self._denied(tenant, decision.reason).inc()
             retry = max(1, math.ceil(decision.retry_after))
             msg = f"Rate limited ({decision.reason}); retry after {decision.retry_after:.2f} s."
             return _error(
                 429, msg, "rate_limit_exceeded", decision.reason, {"Retry-After": str(retry)}
             )
-        self.admitted.labels(tenant).inc()
-        self.in_flight.labels(tenant).inc()
-        return Ticket(req, tenant, body, bool(doc.get("stream")), mt, time.monotonic())
+        self._admitted(tenant).inc()
+        self._in_flight(tenant).inc()
+        return Ticket(req, body, bool(doc.get("stream")), mt)
 
     def observe(self, ticket: Ticket, chunk: bytes) -> None:
         """Count output tokens in a response body chunk (SSE events or one JSON body)."""
@@ -301,26 +355,33 @@ class Admission:
 
     async def afinish(self, ticket: Ticket) -> LeaseRelease | None:
         """:meth:`finish` on the event loop: a Redis release is awaited, shielded from the
-        cancellation of a client disconnect so that it always completes."""
+        cancellation of a client disconnect so that it always completes (and is booked)."""
         if ticket.done:
             return None
         ticket.done = True
         produced = ticket.request.prompt_len + ticket.output_tokens
         if isinstance(self.gate, LocalGate):
-            out = self.gate.release(ticket.request, produced)
-        else:
-            with anyio.CancelScope(shield=True):
-                out = await self.gate.arelease(ticket.request, produced)
+            return self._booked(ticket, self.gate.release(ticket.request, produced))
+        task = asyncio.ensure_future(self.gate.arelease(ticket.request, produced))
+        try:
+            out = await asyncio.shield(task)
+        except asyncio.CancelledError:  # the release goes on, and is booked when done
+            task.add_done_callback(lambda t: self._booked_when_done(ticket, t))
+            raise
         return self._booked(ticket, out)
 
+    def _booked_when_done(self, ticket: Ticket, task: asyncio.Future[LeaseRelease]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._booked(ticket, task.result())
+
     def _booked(self, ticket: Ticket, out: LeaseRelease) -> LeaseRelease:
-        tenant = ticket.tenant
-        self.in_flight.labels(tenant).dec()
-        self.tokens.labels(tenant).inc(out.charged_tokens)
-        self.latency.labels(tenant).inc(time.monotonic() - ticket.started)
+        tenant = ticket.request.tenant
+        self._in_flight(tenant).dec()
+        self._tokens(tenant).inc(out.charged_tokens)
+        self._latency(tenant).inc(time.monotonic() - ticket.started)
         if out.debt is not None and out.priority is not None:
-            self.debt.labels(tenant).set(out.debt)
-            self.priority.labels(tenant).set(out.priority)
+            self._debt(tenant).set(out.debt)
+            self._priority(tenant).set(out.priority)
         return out
 
     async def aclose(self) -> None:
@@ -328,23 +389,199 @@ class Admission:
         if isinstance(self.gate, RedisLeaseGate):
             await self.gate.aclose()
 
-    def metrics(self) -> Response:
+    def metrics(self) -> Reply:
         """The Prometheus exposition of the counters."""
-        return Response(generate_latest(self.registry), media_type="text/plain; version=0.0.4")
+        return Reply(generate_latest(self.registry), content_type=_PROMETHEUS)
 
 
-async def _read_body(request: HttpRequest, limit: int) -> bytes | None:
-    size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > limit:
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope["headers"]:
+        if key == name:  # uvicorn gives header names in lower case
+            return str(value.decode("latin-1"))
+    return ""
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
+    """The request's body, or ``None`` when it exceeds ``limit`` bytes."""
+    size = _header(scope, b"content-length")
+    if size.isdigit() and int(size) > limit:
         return None
-    parts: list[bytes] = []
-    total = 0
-    async for chunk in request.stream():
+    message = await receive()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body"):
+        return body if len(body) <= limit else None
+    parts = [body]
+    total = len(body)
+    while message.get("more_body"):
+        message = await receive()
+        chunk = message.get("body", b"")
         total += len(chunk)
         if total > limit:
             return None
         parts.append(chunk)
     return b"".join(parts)
+
+
+_NOT_FOUND = _error(404, "Not found.", "invalid_request_error", "not-found")
+_NOT_ALLOWED = _error(405, "Method not allowed.", "invalid_request_error", "method")
+
+
+class _Gateway:
+    """The gateway's ASGI application (see :func:`create_app`)."""
+
+    def __init__(self, admission: Admission, upstream: Upstream, renew_interval_s: float) -> None:
+        self.admission = admission
+        self.upstream = upstream
+        self.renew_interval_s = renew_interval_s
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path, method = scope["path"], scope["method"]
+            if path in _PATHS:
+                if method != "POST":
+                    await _NOT_ALLOWED(scope, receive, send)
+                    return
+                await self.proxy(scope, receive, send)
+                return
+            handler = self._pages.get(path)
+            if handler is None:
+                await _NOT_FOUND(scope, receive, send)
+            elif method not in ("GET", "HEAD"):
+                await _NOT_ALLOWED(scope, receive, send)
+            else:
+                reply = await handler(self)
+                await reply(scope, receive, send)
+        elif kind == "lifespan":
+            await self.lifespan(receive, send)
+
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        """Start the lease renewals; at shutdown (or when cancelled) stop them and close
+        every connection."""
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    self._renewer = asyncio.create_task(self._renew_loop())
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self._close()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        finally:
+            await self._close()
+
+    async def _close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+        self.upstream.close()
+        await self.admission.aclose()
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.renew_interval_s)
+            with contextlib.suppress(Exception):  # Redis away: the next round retries
+                await asyncio.to_thread(self.admission.gate.renew)
+
+    async def proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Admit, proxy and release one request."""
+        adm = self.admission
+        body = await _read_body(scope, receive, adm.max_body_bytes)
+        if body is None:
+            reply = _error(413, "Request body too large.", "invalid_request_error", "too-large")
+            await reply(scope, receive, send)
+            return
+        got = await adm.admit(_header(scope, b"authorization"), body)
+        if isinstance(got, Reply):
+            await got(scope, receive, send)
+            return
+        ticket = got
+        try:
+            upstream = await self.upstream.request("POST", scope["path"], body)
+        except UpstreamTimeoutError:
+            await adm.afinish(ticket)
+            await _error(504, "Backend timed out.", "api_error", "backend-timeout")(
+                scope, receive, send
+            )
+            return
+        except UpstreamError as err:
+            await adm.afinish(ticket)
+            reply = _error(502, f"Backend unreachable: {err}", "api_error", "backend-error")
+            await reply(scope, receive, send)
+            return
+        if ticket.stream:
+            await self._relay(ticket, upstream, receive, send)
+            return
+        try:  # one body: nothing but the answer to wait for
+            content = await upstream.read()
+            adm.observe(ticket, content)
+        except UpstreamTimeoutError:
+            reply = _error(504, "Backend timed out.", "api_error", "backend-timeout")
+        except UpstreamError as err:
+            reply = _error(502, f"Backend failed: {err}", "api_error", "backend-error")
+        else:
+            reply = Reply(content, upstream.status, upstream.content_type or b"application/json")
+        finally:
+            upstream.release()
+            await adm.afinish(ticket)
+        await reply(scope, receive, send)
+
+    async def _relay(
+        self, ticket: Ticket, upstream: UpstreamReply, receive: Receive, send: Send
+    ) -> None:
+        """Stream the answer as it comes; a client that goes away breaks off the upstream
+        answer at once (its ``http.disconnect`` is watched beside the relay)."""
+        adm = self.admission
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            upstream.fail(UpstreamError("the client went away"))
+
+        watcher = asyncio.ensure_future(watch())
+        headers = [(b"content-type", upstream.content_type or b"text/event-stream")]
+        try:
+            await send(
+                {"type": "http.response.start", "status": upstream.status, "headers": headers}
+            )
+            while chunk := await upstream.chunk():
+                adm.observe(ticket, chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except UpstreamError:  # the client went away, or the backend broke off: end here
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.body", "body": b""})
+        finally:
+            watcher.cancel()
+            upstream.release()
+            # Completion, client disconnect or backend error alike.
+            await adm.afinish(ticket)
+
+    async def _models(self) -> Reply:
+        try:
+            upstream = await self.upstream.request("GET", "/v1/models")
+            try:
+                content = await upstream.read()
+                status, ctype = upstream.status, upstream.content_type or b"application/json"
+            finally:
+                upstream.release()
+        except UpstreamError as err:
+            return _error(502, f"Backend unreachable: {err}", "api_error", "backend-error")
+        return Reply(content, status, ctype)
+
+    async def _healthz(self) -> Reply:
+        return _json({"status": "ok", "held": self.admission.gate.held()})
+
+    async def _metrics(self) -> Reply:
+        return self.admission.metrics()
+
+    _pages: Mapping[str, Callable[[_Gateway], Awaitable[Reply]]] = {
+        "/v1/models": _models,
+        "/healthz": _healthz,
+        "/metrics": _metrics,
+    }
 
 
 def create_app(
@@ -353,99 +590,20 @@ def create_app(
     *,
     timeout_s: float = 600.0,
     renew_interval_s: float = 5.0,
-) -> Starlette:
+) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     """The gateway: OpenAI-compatible endpoints proxied to ``backend`` (a base URL whose
-    ``/v1/...`` paths serve the models), plus ``/metrics`` and ``/healthz``."""
-    base = backend.rstrip("/")
-    state: dict[str, aiohttp.ClientSession] = {}
+    ``/v1/...`` paths serve the models), plus ``/metrics`` and ``/healthz``. An ASGI
+    application (serve it with uvicorn).
 
-    async def renew_loop() -> None:
-        while True:
-            await asyncio.sleep(renew_interval_s)
-            with contextlib.suppress(Exception):  # Redis away: the next round retries
-                await run_in_threadpool(admission.gate.renew)
+    ``timeout_s`` is the longest silence of the backend (before its answer, or between two
+    chunks of a stream); ``renew_interval_s`` how often the leases held are renewed.
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        # ``sock_read``: the longest silence between two chunks, so long streams may run.
-        timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=timeout_s)
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0)
-        state["client"] = aiohttp.ClientSession(
-            timeout=timeout, connector=connector, auto_decompress=False
-        )
-        task = asyncio.create_task(renew_loop())
-        try:
-            yield
-        finally:
-            task.cancel()
-            await state["client"].close()
-            await admission.aclose()
-
-    async def proxy(request: HttpRequest) -> Response:
-        body = await _read_body(request, admission.max_body_bytes)
-        if body is None:
-            return _error(413, "Request body too large.", "invalid_request_error", "too-large")
-        got = await admission.admit(request.headers, body)
-        if isinstance(got, Response):
-            return got
-        ticket = got
-        url = base + request.url.path
-        try:
-            upstream = await state["client"].post(url, data=body, headers=_JSON)
-        except TimeoutError:
-            await admission.afinish(ticket)
-            return _error(504, "Backend timed out.", "api_error", "backend-timeout")
-        except aiohttp.ClientError as err:
-            await admission.afinish(ticket)
-            return _error(502, f"Backend unreachable: {err}", "api_error", "backend-error")
-
-        media = upstream.headers.get("content-type", "application/json")
-        if not ticket.stream:  # one body: no streaming machinery (a task group) per request
-            try:
-                content = await upstream.read()
-                admission.observe(ticket, content)
-            except TimeoutError:
-                return _error(504, "Backend timed out.", "api_error", "backend-timeout")
-            except aiohttp.ClientError as err:
-                return _error(502, f"Backend failed: {err}", "api_error", "backend-error")
-            finally:
-                await admission.afinish(ticket)
-                upstream.release()
-            return Response(content, status_code=upstream.status, media_type=media)
-
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in upstream.content.iter_any():
-                    admission.observe(ticket, chunk)
-                    yield chunk
-            finally:
-                # Completion, client disconnect (cancellation) or backend error alike.
-                await admission.afinish(ticket)
-                upstream.release()
-
-        return StreamingResponse(relay(), status_code=upstream.status, media_type=media)
-
-    async def list_models(request: HttpRequest) -> Response:
-        try:
-            async with state["client"].get(base + "/v1/models") as upstream:
-                content = await upstream.read()
-        except (TimeoutError, aiohttp.ClientError) as err:
-            return _error(502, f"Backend unreachable: {err!r}", "api_error", "backend-error")
-        return Response(content, upstream.status, media_type="application/json")
-
-    async def healthz(request: HttpRequest) -> Response:
-        return JSONResponse({"status": "ok", "held": admission.gate.held()})
-
-    async def metrics(request: HttpRequest) -> Response:
-        return admission.metrics()
-
-    routes = [Route(p, proxy, methods=["POST"]) for p in _PATHS]
-    routes += [
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    Raises:
+        ValueError: ``backend`` is not an ``http://`` URL, or a time is not positive.
+    """
+    if not renew_interval_s > 0:
+        raise ValueError(f"'renew_interval_s' must be > 0: {renew_interval_s!r}")
+    return _Gateway(admission, Upstream(backend, read_timeout_s=timeout_s), renew_interval_s)
 
 
 def _from_env() -> Admission:
@@ -483,14 +641,13 @@ class TokenPoolMiddleware:
         if scope["type"] != "http" or scope["path"] not in _PATHS or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        request = HttpRequest(scope, receive)
-        body = await _read_body(request, self.admission.max_body_bytes)
+        body = await _read_body(scope, receive, self.admission.max_body_bytes)
         if body is None:
-            resp: Response = _error(413, "Request body too large.", "invalid_request_error", "big")
-            await resp(scope, receive, send)
+            reply = _error(413, "Request body too large.", "invalid_request_error", "too-large")
+            await reply(scope, receive, send)
             return
-        got = await self.admission.admit(request.headers, body)
-        if isinstance(got, Response):
+        got = await self.admission.admit(_header(scope, b"authorization"), body)
+        if isinstance(got, Reply):
             await got(scope, receive, send)
             return
         ticket = got
