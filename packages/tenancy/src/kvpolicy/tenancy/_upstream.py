@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import urllib.parse
 from collections.abc import Callable
-from typing import Any
 
 import httptools
 
@@ -229,9 +228,16 @@ class Upstream:
         return reply
 
     async def request(
-        self, method: str, path: str, body: bytes = b"", content_type: bytes = b"application/json"
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        content_type: bytes = b"application/json",
+        headers: bytes = b"",
     ) -> UpstreamReply:
         """Send one request; the reply once its status and headers have arrived.
+
+        ``headers`` are more header lines, each ``b"Name: value\r\n"``.
 
         A kept-alive connection that the backend closed before answering (it read nothing
         of the request) is retried once on a new connection.
@@ -244,6 +250,7 @@ class Upstream:
             (
                 f"{method} {self.prefix}{path} HTTP/1.1\r\n".encode(),
                 self._host_header,
+                headers,
                 b"Content-Type: " + content_type + b"\r\n" if body else b"",
                 f"Content-Length: {len(body)}\r\n\r\n".encode(),
             )
@@ -278,7 +285,3 @@ class Upstream:
             reply = self._idle.pop()
             reply.fail(UpstreamError("client closed"))
             reply.release()
-
-    def info(self) -> dict[str, Any]:
-        """Where it sends, for logs."""
-        return {"host": self.host, "port": self.port, "prefix": self.prefix}
