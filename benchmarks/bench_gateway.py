@@ -215,7 +215,10 @@ if len(sys.argv) > 3:
 else:
     gate = LocalGate(TokenPoolGate(pool, 1))
 app = create_app(Admission(gate, {"k": "a"}), sys.argv[2])
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error", access_log=False)
+uvicorn.run(
+    app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error", access_log=False,
+    proxy_headers=False,
+)
 """
 
 

@@ -447,3 +447,35 @@ class TestPoolHardLimit:
     def test_overcommit_must_be_bool(self) -> None:
         with pytest.raises(TypeError, match="overcommit"):
             GateConfig(overcommit="yes")  # type: ignore[arg-type]
+
+
+class TestReleaseTokens:
+    def test_tokens_counted_elsewhere_are_booked(
+        self, small_pool: TokenPool, make_request: MakeRequest
+    ) -> None:
+        """``tokens`` overrides ``total_len`` (a gateway counts them in the response)."""
+        gate = TokenPoolGate(small_pool, BPT)
+        a, b = make_request("s"), make_request("s")
+        assert gate.check(a, 0.0).admitted
+        assert gate.check(b, 0.0).admitted
+        before = gate.usage("s").bucket
+        gate.release(a, 0.0, tokens=70)  # charged 128: 58 come back
+        assert gate.usage("s").bucket == pytest.approx(before + 58)
+        gate.release(b, 0.0, tokens=10**9)  # clamped to the charge: nothing comes back
+        assert gate.usage("s").bucket == pytest.approx(before + 58)
+
+    @pytest.mark.parametrize(
+        ("bad", "error"), [(-1, ValueError), (1.5, TypeError), (True, TypeError)]
+    )
+    def test_bad_tokens_change_nothing(
+        self, small_pool: TokenPool, make_request: MakeRequest, bad: object, error: type
+    ) -> None:
+        gate = TokenPoolGate(small_pool, BPT)
+        req = make_request("s")
+        assert gate.check(req, 0.0).admitted
+        before = (gate.usage("s"), gate.pool_state())
+        with pytest.raises(error, match="'tokens' must be"):
+            gate.release(req, 1.0, tokens=bad)  # type: ignore[arg-type]
+        assert (gate.usage("s"), gate.pool_state()) == before
+        gate.release(req, 1.0)
+        assert gate.pool_state().in_flight == 0

@@ -445,8 +445,10 @@ class TokenPoolGate:
             heapq.heappush(self._heap, (self._weight_of(tenant, ent), tenant))
         return _ADMIT
 
-    def release(self, request: Request, time: float) -> None:
-        """Return what the admitted ``request`` held; book its actual tokens.
+    def release(self, request: Request, time: float, *, tokens: int | None = None) -> None:
+        """Return what the admitted ``request`` held; book its actual tokens (``tokens``
+        when given, prompt and output: a gateway counts them from the response; else
+        ``request.total_len``).
 
         The buckets get back the difference between the charge (``prompt_len +
         max_output_tokens``) and the actual ``prompt_len + decode_len``, and the interval's
@@ -455,14 +457,20 @@ class TokenPoolGate:
         INFO on the ``kvpolicy.tenancy`` logger), never charged.
 
         Raises:
-            TypeError: ``request`` is not a Request or ``time`` is not a number.
-            ValueError: ``time`` is negative or not finite.
+            TypeError: ``request`` is not a Request, ``time`` is not a number or ``tokens``
+                not an int.
+            ValueError: ``time`` is negative or not finite, or ``tokens`` negative.
             UnknownRequestError: the gate holds nothing for ``request`` (never admitted, or
                 released already); nothing changes.
         """
         if not isinstance(request, Request):
             raise TypeError(f"'request' must be Request: {request!r}")
         time = _check_time(time)
+        if tokens is not None:
+            if isinstance(tokens, bool) or not isinstance(tokens, int):
+                raise TypeError(f"'tokens' must be an int: {tokens!r}")
+            if tokens < 0:
+                raise ValueError(f"'tokens' must be >= 0: {tokens!r}")
         store = self._store
         held = store.holding(request.request_id)
         if held is None:
@@ -479,7 +487,7 @@ class TokenPoolGate:
         cfg = self._config
         cap = ps.capacity
         rate = ent.limits.tokens_per_s
-        actual = request.total_len
+        actual = request.total_len if tokens is None else tokens
         if actual > held.tokens:
             _log.info(
                 "release of %r reports %d tokens, more than the %d it could produce: clamped",

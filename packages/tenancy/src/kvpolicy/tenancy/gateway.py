@@ -30,7 +30,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from kvpolicy.kvmodel import GateDecision, Request
@@ -109,7 +108,7 @@ class LocalGate:
         produced = min(produced, most)
         decode = max(1, produced - held.prompt_len)
         try:
-            self._gate.release(attrs.evolve(held, decode_len=decode), time.monotonic() - self._t0)
+            self._gate.release(held, time.monotonic() - self._t0, tokens=held.prompt_len + decode)
         except UnknownRequestError:
             return LeaseRelease(False, 0)
         tenant = held.tenant
