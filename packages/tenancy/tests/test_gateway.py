@@ -25,6 +25,7 @@ from starlette.requests import Request as HttpRequest  # noqa: E402
 from starlette.responses import JSONResponse, Response, StreamingResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
+from kvpolicy.kvmodel import Request  # noqa: E402
 from kvpolicy.tenancy import (  # noqa: E402
     RedisLeaseGate,
     Resources,
@@ -35,6 +36,7 @@ from kvpolicy.tenancy import (  # noqa: E402
 from kvpolicy.tenancy.gateway import (  # noqa: E402
     Admission,
     LocalGate,
+    Ticket,
     TokenPoolMiddleware,
     create_app,
 )
@@ -294,3 +296,30 @@ class TestReplicaGateways:
             while gates[0].usage()["in_flight"] and time.monotonic() < deadline:
                 time.sleep(0.01)
         assert gates[1].usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
+
+
+class TestObserve:
+    def test_counts_text_events_or_the_reported_usage(self) -> None:
+        """Role-only and finish events carry no token; a usage block is taken as is."""
+        adm = Admission(LocalGate(TokenPoolGate(_pool(), 1)), KEYS)
+        ticket = Ticket(Request("t", 3, 8, tenant="a"), b"{}", True, 8)
+
+        def event(doc: dict[str, Any]) -> bytes:
+            return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+        role = event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+        text = event({"choices": [{"index": 0, "delta": {"content": " tok"}}]})
+        done = event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        adm.observe(ticket, role + text + text)
+        adm.observe(ticket, text + done + b"data: [DONE]\n\n")
+        assert ticket.output_tokens == 3
+        adm.observe(ticket, b"data: {not json\n\n")  # unreadable: counted as one token
+        assert ticket.output_tokens == 4
+        usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+        adm.observe(ticket, event(usage))
+        assert ticket.output_tokens == 2
+        body = Ticket(Request("b", 3, 8, tenant="a"), b"{}", False, 8)
+        adm.observe(
+            body, json.dumps({"choices": [{"text": "abc"}], "usage": usage["usage"]}).encode()
+        )
+        assert body.output_tokens == 2

@@ -207,6 +207,16 @@ def _prompt_tokens(body: Mapping[str, Any]) -> int:
     return max(1, math.ceil(len(text) / 4))
 
 
+def _has_text(choice: Any) -> bool:
+    """Whether a streamed choice carries generated text (a completion's ``text`` or a chat
+    delta's ``content``)."""
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+    return isinstance(text, str) and text != ""
+
+
 class Ticket:
     """An admitted request on its way to the backend."""
 
@@ -331,18 +341,28 @@ class Admission:
         return Ticket(req, body, bool(doc.get("stream")), mt)
 
     def observe(self, ticket: Ticket, chunk: bytes) -> None:
-        """Count output tokens in a response body chunk (SSE events or one JSON body)."""
+        """Count output tokens in a response body chunk: the ``usage`` a body or an event
+        reports when there is one, else one token per streamed event that carries text
+        (role-only and finish events carry none)."""
         for line in chunk.split(b"\n"):
             line = line.strip()
-            if line.startswith(b"data:"):
+            event = line.startswith(b"data:")
+            if event:
                 line = line[5:].strip()
-                if line == b"[DONE]":
+                if line == b"[DONE]" or not line:
                     continue
-                ticket.output_tokens += 1
-            if b'"completion_tokens"' in line:
-                with contextlib.suppress(ValueError, AttributeError, TypeError):
-                    usage = json.loads(line).get("usage") or {}
-                    ticket.output_tokens = int(usage["completion_tokens"])
+            elif b'"completion_tokens"' not in line:
+                continue
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                ticket.output_tokens += event  # an event we cannot read: one token
+                continue
+            usage = doc.get("usage") if isinstance(doc, dict) else None
+            if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                ticket.output_tokens = usage["completion_tokens"]
+            elif event and isinstance(doc, dict):
+                ticket.output_tokens += sum(map(_has_text, doc.get("choices") or ()))
 
     def finish(self, ticket: Ticket) -> LeaseRelease | None:
         """Release ``ticket`` once with the tokens it produced; later calls do nothing."""
