@@ -44,7 +44,15 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-__all__ = ["Admission", "LocalGate", "TokenPoolMiddleware", "create_app", "load_api_keys"]
+__all__ = [
+    "Admission",
+    "LocalGate",
+    "Reply",
+    "Ticket",
+    "TokenPoolMiddleware",
+    "create_app",
+    "load_api_keys",
+]
 
 _PATHS = ("/v1/chat/completions", "/v1/completions")
 _JSON = {"content-type": "application/json"}
