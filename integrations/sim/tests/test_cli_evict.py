@@ -42,6 +42,12 @@ class TestEvalArguments:
             in result.output
         )
 
+    def test_unknown_streams(self) -> None:
+        """--streams accepts only layer and kv-head."""
+        result = run("eval", "--streams", "head")
+        assert result.exit_code == 2
+        assert "'head' is not one of 'layer', 'kv-head'" in result.output
+
     def test_too_few_tokens(self) -> None:
         """Perplexity needs at least two tokens."""
         result = run("eval", "--tokens", "1")
@@ -87,6 +93,19 @@ class TestEvalRealModel:
             ("sink-window", 0.5, 32),
         ]
         assert all(1.0 < r["perplexity"] < 1000.0 for r in rows)
+
+    def test_per_head_streams(self) -> None:
+        """--streams kv-head: the policy's row says so, the full cache stays per layer."""
+        result = run(
+            "eval", "--policy", "full,h2o", "--budget", "0.5", "--tokens", "32",
+            "--streams", "kv-head", "--json",
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        rows = json.loads(result.stdout)
+        assert [(r["policy"], r["streams"]) for r in rows] == [
+            ("full", "layer"),
+            ("h2o", "kv-head"),
+        ]
 
     def test_table_output(self) -> None:
         """Without --json the command prints a table with one row per result."""

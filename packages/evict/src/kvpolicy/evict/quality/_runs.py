@@ -40,13 +40,18 @@ __all__ = [
 TASKS = ("ppl", "lookup")
 """``ppl``: perplexity of a text; ``lookup``: accuracy on the records planted before it."""
 
-ROW_KEY = ("task", "text", "tokens", "policy", "budget", "predictor")
-"""Fields that identify a run; a results file holds at most one row per key."""
+ROW_KEY = ("task", "text", "tokens", "policy", "budget", "predictor", "streams")
+"""Fields that identify a run; a results file holds at most one row per key. A row without
+``streams`` (kvpress's, and rows written before per-head streams) counts as ``"layer"``."""
 
 
 def row_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The identifying fields of ``row`` (budget rounded so 0.125 and 0.1250 match)."""
-    return tuple(round(row[k], 6) if k == "budget" else row[k] for k in ROW_KEY)
+    """The identifying fields of ``row`` (budget rounded so 0.125 and 0.1250 match;
+    ``streams`` defaults to ``"layer"``)."""
+    return tuple(
+        round(row[k], 6) if k == "budget" else row.get(k, "layer") if k == "streams" else row[k]
+        for k in ROW_KEY
+    )
 
 
 def read_rows(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -96,10 +101,13 @@ def result_row(
     result: DecodeResult,
     lookup: LookupTask | None = None,
     extra: Mapping[str, Any] | None = None,
+    streams: str | None = "layer",
 ) -> dict[str, Any]:
     """The JSON row of one decoding run (what :func:`decode_row` and the kvpress harness
     write): identity, perplexity with its bootstrap interval, residency, timing, the
-    per-position losses and, for ``lookup``, the accuracy."""
+    per-position losses and, for ``lookup``, the accuracy. ``streams`` is how kvpolicy's
+    harness split the cache into policy streams (``"layer"`` or ``"kv-head"``; the full
+    cache is ``"layer"``); None leaves the field out (kvpress's rows: the press decides)."""
     if task not in TASKS:
         raise ValueError(f"'task' must be one of {', '.join(TASKS)}: {task!r}")
     ci = bootstrap_perplexity(result.nll)
@@ -121,6 +129,8 @@ def result_row(
         "accuracy": None if lookup is None else lookup_accuracy(result.correct, lookup),
         "nll": [round(float(x), 5) for x in result.nll],
     }
+    if streams is not None:
+        row["streams"] = streams
     row.update(extra or {})
     return row
 
@@ -149,14 +159,19 @@ def decode_row(
     predictor_name: str,
     lookup: LookupTask | None = None,
     progress: Any = None,
+    streams: str = "layer",
 ) -> dict[str, Any]:
     """Decode ``input_ids`` under one kvpolicy policy label at one budget; its row.
 
-    ``policy == "full"`` runs the full cache (budget 1.0).
+    ``policy == "full"`` runs the full cache (budget 1.0, streams ``"layer"``); ``streams``
+    is :func:`~kvpolicy.evict.quality.decode_perplexity`'s.
     """
     n = len(input_ids)
     make, k, budget = _plan(policy, budget, n)
-    r = decode_perplexity(lm, input_ids, make, k, predictor if make else None, progress=progress)
+    streams = streams if make is not None else "layer"
+    r = decode_perplexity(
+        lm, input_ids, make, k, predictor if make else None, progress=progress, streams=streams
+    )
     return result_row(
         task=task,
         text=text,
@@ -167,6 +182,7 @@ def decode_row(
         predictor=predictor_name if make is not None else "-",
         result=r,
         lookup=lookup,
+        streams=streams,
     )
 
 
@@ -182,6 +198,7 @@ def decode_rows(
     predictor_name: str,
     lookups: Sequence[LookupTask | None] | None = None,
     progress: Any = None,
+    streams: str = "layer",
 ) -> list[dict[str, Any]]:
     """:func:`decode_row` of several texts of one length as one batch
     (:func:`~kvpolicy.evict.quality.decode_batch`): one row per text, each timed by the
@@ -191,7 +208,10 @@ def decode_rows(
     batch = torch.stack([torch.as_tensor(i, dtype=torch.long) for i in input_ids])
     n = int(batch.shape[1])
     make, k, budget = _plan(policy, budget, n)
-    results = decode_batch(lm, batch, make, k, predictor if make else None, progress=progress)
+    streams = streams if make is not None else "layer"
+    results = decode_batch(
+        lm, batch, make, k, predictor if make else None, progress=progress, streams=streams
+    )
     tasks = list(lookups) if lookups is not None else [None] * len(texts)
     return [
         result_row(
@@ -205,6 +225,7 @@ def decode_rows(
             result=r,
             lookup=lookup,
             extra={"batch": len(texts)},
+            streams=streams,
         )
         for text, lookup, r in zip(texts, tasks, results, strict=True)
     ]

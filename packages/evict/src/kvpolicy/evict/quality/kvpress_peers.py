@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                 result=r,
                 lookup=lookup,
                 extra=extra,
+                streams=None,
             )
             append_row(args.out, row)
             print(
