@@ -87,3 +87,32 @@ def test_realised_returns_drive_token_pd(peaked_lm: CausalLM, ids: torch.Tensor)
     assert row.max_resident == 8
     with pytest.raises(ValueError, match="'policy' must be 'oracle:window=W'"):
         _oracle_factories("h2o", [cum], 8)
+
+
+@pytest.mark.parametrize("policy", ["h2o", "token-pd:keep_rule=false", "sink-window"])
+def test_pooled_budget_spreads_over_layers(
+    peaked_lm: CausalLM, ids: torch.Tensor, policy: str
+) -> None:
+    """One policy for every layer keeps BUDGET per layer on average, not in each layer."""
+    from kvpolicy.evict.quality import policy_factory
+
+    factory = policy_factory(policy)
+    assert factory is not None
+    layers = peaked_lm.num_layers
+    pooled = decode_perplexity(
+        peaked_lm, ids, lambda: factory(BUDGET * layers), BUDGET, pooled=True
+    )
+    per_layer = decode_perplexity(peaked_lm, ids, lambda: factory(BUDGET), BUDGET)
+    # The same memory at every step, spread over the layers as the policy chooses.
+    assert pooled.mean_resident == pytest.approx(per_layer.mean_resident)
+    assert np.isfinite(pooled.perplexity)
+    with pytest.raises(ValueError, match="'pooled' decodes one text"):
+        decode_batch(peaked_lm, torch.stack([ids, ids]), lambda: factory(8), 8, pooled=True)
+
+
+def test_pooled_label(peaked_lm: CausalLM, ids: torch.Tensor) -> None:
+    makers, predictor = _oracle_factories("pooled:token-pd:keep_rule=false", [None], 6, 2)  # type: ignore[list-item]
+    assert predictor is not None  # Token-PD gets the shipped compact predictor
+    assert makers[0]().__class__.__name__ == "TokenPDPolicy"
+    with pytest.raises(ValueError, match="not the full cache"):
+        _oracle_factories("pooled:full", [None], 6, 2)  # type: ignore[list-item]

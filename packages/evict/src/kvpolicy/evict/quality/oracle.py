@@ -11,6 +11,10 @@ same decoding loop, budget and rows as ``kvpolicy evict eval``
   selection of ``B`` tokens can get. It is not a strict bound: under eviction the later
   queries' attention differs from the full cache's, and keeping the best ``B`` now is
   greedy.
+- ``pooled:<policy>`` (not an oracle): any kvpolicy policy, one instance for every layer
+  of a text, keeping ``B`` times the layers in all (the batch-global eviction evict's
+  policies are built for): the same memory, spread over the layers as the policy prices
+  them. Token-PD gets the shipped compact predictor, as in ``kvpolicy evict eval``.
 - ``token-pd:oracle-returns`` (with Token-PD's parameters): Token-PD whose return
   predictor is replaced by the realised returns of seed 000's definition (the mean
   attention the next ``horizon`` queries give a token, over layers and heads, as
@@ -149,15 +153,25 @@ class RealisedReturns:
 
 
 def _oracle_factories(
-    label: str, cums: list[NDArray[np.float32]], k: int
+    label: str, cums: list[NDArray[np.float32]], k: int, layers: int = 0
 ) -> tuple[list[Callable[[], EvictionPolicy]], Any]:
-    """Per-text policy factories and the predictor of an oracle ``label``."""
+    """Per-text policy factories and the predictor of an oracle ``label`` (``pooled:``
+    labels need ``layers`` and no ``cums`` but one entry per text)."""
     if label.startswith("oracle:window="):
         window = int(label.split("=", 1)[1])
         return [
             (lambda c=cum: FutureAttentionOracle(c, window))  # type: ignore[misc]
             for cum in cums
         ], None
+    if label.startswith("pooled:"):
+        base = policy_factory(label.removeprefix("pooled:"))
+        if base is None:
+            raise ValueError(f"'policy' pools a policy, not the full cache: {label!r}")
+        from kvpolicy.evict.predictors import default_compact
+
+        pool: Callable[[int], EvictionPolicy] = base
+        makers: list[Callable[[], EvictionPolicy]] = [lambda: pool(k * layers) for _ in cums]
+        return makers, default_compact() if "token-pd" in label else None
     if label.startswith("token-pd") and label.endswith(":oracle-returns"):
         factory = policy_factory(label.removesuffix(":oracle-returns"))
         assert factory is not None
@@ -212,11 +226,21 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if all(row_key(key) in done for key in keys):
                 continue
-            if cums is None:  # one full-cache pass per text, shared by every run
-                cums = [future_attention(lm, ids) for ids in encoded]
             k = budget_tokens(b, args.tokens)
-            makers, predictor = _oracle_factories(label, cums, k)
-            results = decode_batch(lm, torch.stack(encoded), makers, k, predictor)
+            if label.startswith("pooled:"):  # no oracle: the texts are placeholders
+                placeholders: list[Any] = [None] * len(encoded)
+                makers, predictor = _oracle_factories(label, placeholders, k, lm.num_layers)
+            else:
+                if cums is None:  # one full-cache pass per text, shared by every run
+                    cums = [future_attention(lm, ids) for ids in encoded]
+                makers, predictor = _oracle_factories(label, cums, k)
+            if label.startswith("pooled:"):  # layers differ in count: one text at a time
+                results = [
+                    decode_batch(lm, ids[None], [make], k, predictor, pooled=True)[0]
+                    for ids, make in zip(encoded, makers, strict=True)
+                ]
+            else:
+                results = decode_batch(lm, torch.stack(encoded), makers, k, predictor)
             for text, r in zip(texts, results, strict=True):
                 row = result_row(
                     task="ppl",
