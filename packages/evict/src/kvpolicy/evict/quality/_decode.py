@@ -160,6 +160,7 @@ def decode_perplexity(
     predictor: ReturnPredictor | None = None,
     progress: Callable[[int], None] | None = None,
     streams: str = "layer",
+    pooled: bool = False,
 ) -> DecodeResult:
     """Perplexity of ``input_ids`` decoded one token at a time under a KV budget.
 
@@ -173,6 +174,9 @@ def decode_perplexity(
         progress: called with 1 after every step.
         streams: ``"layer"`` (one policy stream per layer) or ``"kv-head"`` (one per KV
             head of each layer, each keeping ``budget_tokens``); see the module docstring.
+        pooled: one policy holds every stream and keeps ``budget_tokens`` times the number
+            of streams across them (the batch-global eviction evict's policies are built
+            for): the same memory, spread over the layers as the policy prices them.
 
     Returns:
         The perplexity and the largest resident count seen after eviction.
@@ -183,7 +187,9 @@ def decode_perplexity(
     import torch
 
     ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1)
-    return decode_batch(lm, ids, make_policy, budget_tokens, predictor, progress, streams)[0]
+    return decode_batch(lm, ids, make_policy, budget_tokens, predictor, progress, streams, pooled)[
+        0
+    ]
 
 
 def decode_batch(
@@ -194,6 +200,7 @@ def decode_batch(
     predictor: ReturnPredictor | None = None,
     progress: Callable[[int], None] | None = None,
     streams: str = "layer",
+    pooled: bool = False,
 ) -> list[DecodeResult]:
     """:func:`decode_perplexity` of several texts of one length at once, as one batch.
 
@@ -211,6 +218,8 @@ def decode_batch(
         streams: ``"layer"`` or ``"kv-head"``, as in :func:`decode_perplexity`; with
             ``"kv-head"`` the KV heads of a layer must also keep equal counts (one cache
             tensor holds them), which the same budget-filling policies do.
+        pooled: as in :func:`decode_perplexity` (layers then hold different counts, so
+            one text at a time, with ``streams="layer"``).
 
     Returns:
         One result per text; each is timed by the whole batch.
@@ -241,16 +250,21 @@ def decode_batch(
         raise ValueError(
             f"'make_policy' lists {len(makers)} factories for {int(ids.shape[0])} texts"
         )
-    policies = (
-        [[mp() for _ in range(layers * per_layer)] for mp in makers] if makers is not None else None
-    )
+    if pooled and (per_layer != 1 or int(ids.shape[0]) != 1):
+        raise ValueError("'pooled' decodes one text with streams='layer'")
+    if makers is None:
+        policies = None
+    elif pooled:  # one instance behind every stream
+        policies = [[mp()] * layers for mp in makers]
+    else:
+        policies = [[mp() for _ in range(layers * per_layer)] for mp in makers]
     cache = DynamicCache(config=lm.model.config)
     _register_attention()
     previous = lm.model.config._attn_implementation
     lm.model.set_attn_implementation(_ATTENTION)
     try:
         return _decode(
-            lm, ids, policies, per_layer, budget_tokens, predictor, kind, cache, progress
+            lm, ids, policies, per_layer, budget_tokens, predictor, kind, cache, progress, pooled
         )
     finally:
         lm.model.set_attn_implementation(previous)
@@ -283,6 +297,7 @@ def _decode(
     kind: FeatureKind,
     cache: Any,
     progress: Callable[[int], None] | None,
+    pooled: bool = False,
 ) -> list[DecodeResult]:
     """The decoding loop; ``policies[r][layer * per_layer + s]`` owns stream ``s`` of
     ``layer`` in text ``r`` (``per_layer`` is 1 or the number of KV heads)."""
@@ -341,7 +356,13 @@ def _decode(
                     arrival = np.mean([a[:, :, -1].mean(axis=1) for a in att], axis=0)
                     signals = _signals(predictor, kind, logits, t, arrival)
                 pos = np.array([t], dtype=np.int64)
-                for layer in range(layers):
+                if pooled:
+                    held_max = _pooled_step(
+                        policies[0][0], resident[0], att, signals, pos, names, budget_tokens, cache
+                    )
+                    max_resident = max(max_resident, held_max)
+                    resident_sum += sum(len(r[0]) for r in resident[0])
+                for layer in range(layers if not pooled else 0):
                     keep_rows = []
                     for r in range(rows):
                         keep_heads = []
@@ -387,6 +408,40 @@ def _decode(
         )
         for r in range(rows)
     ]
+
+
+def _pooled_step(
+    policy: EvictionPolicy,
+    resident: list[list[NDArray[np.int64]]],
+    att: list[NDArray[np.float64]],
+    signals: NDArray[np.float64] | None,
+    pos: NDArray[np.int64],
+    names: list[list[str]],
+    budget_tokens: int,
+    cache: Any,
+) -> int:
+    """One step of one text under one policy for every layer (``pooled``): insert and
+    observe each layer, evict once to ``budget_tokens`` per layer on average, cut each
+    layer's cache; the largest layer's count."""
+    layers = len(resident)
+    for layer in range(layers):
+        policy.insert(names[layer][0], pos, None if signals is None else signals[0:1])
+        policy.observe(names[layer][0], resident[layer][0], att[layer][0, 0])
+    evicted = policy.evict(budget_tokens * layers)
+    for layer in range(layers):
+        gone = evicted.get(names[layer][0])
+        held_now = resident[layer][0]
+        keep = np.ones(len(held_now), dtype=bool)
+        if gone is not None and len(gone):
+            keep = ~np.isin(held_now, gone)
+            resident[layer][0] = held_now[keep]
+        _cut(cache.layers[layer], [[np.flatnonzero(keep)]], layer)
+    total = sum(len(r[0]) for r in resident)
+    if policy.resident_tokens() != total:
+        raise RuntimeError(
+            f"policy reports {policy.resident_tokens()} resident tokens, the cache holds {total}"
+        )
+    return max(len(r[0]) for r in resident)
 
 
 def _stream_attention(weights: Any, per_layer: int) -> NDArray[np.float64]:

@@ -1,0 +1,118 @@
+"""The future-knowing references (``quality.oracle``) on the tiny random Llama: the attention
+oracle keeps exactly what the full-cache pass says the next queries use, and the realised
+returns are seed 000's returns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvpolicy.evict.quality import CausalLM, decode_batch, decode_perplexity
+from kvpolicy.evict.quality._record import mean_attention
+from kvpolicy.evict.quality.oracle import (
+    FutureAttentionOracle,
+    RealisedReturns,
+    _oracle_factories,
+    future_attention,
+)
+
+from .test_quality import make_tiny_lm
+
+N = 40
+BUDGET = 10
+
+
+@pytest.fixture(scope="module")
+def peaked_lm() -> CausalLM:
+    lm = make_tiny_lm(2)
+    with torch.no_grad():
+        for layer in lm.model.model.layers:
+            layer.self_attn.q_proj.weight *= 300
+    return lm
+
+
+@pytest.fixture(scope="module")
+def ids() -> torch.Tensor:
+    return torch.randint(0, 97, (N,), generator=torch.Generator().manual_seed(3))
+
+
+def test_cumulative_attention(peaked_lm: CausalLM, ids: torch.Tensor) -> None:
+    cum = future_attention(peaked_lm, ids)
+    mass = mean_attention(peaked_lm, ids, per_layer=True)
+    assert cum.shape == (peaked_lm.num_layers, N + 1, N)
+    assert np.allclose(cum[:, 0], 0.0)
+    assert np.allclose(cum[:, 5] - cum[:, 2], mass[:, 2:5].sum(axis=1), atol=1e-5)
+
+
+def test_keeps_what_the_next_queries_use(peaked_lm: CausalLM, ids: torch.Tensor) -> None:
+    cum = future_attention(peaked_lm, ids)
+    oracle = FutureAttentionOracle(cum, window=4)
+    oracle.insert("layer1", np.arange(20, dtype=np.int64))
+    gone = oracle.evict(BUDGET)["layer1"]
+    kept = np.setdiff1d(np.arange(20), gone)
+    future = cum[1, 24] - cum[1, 20]  # queries 20..23, after the newest token 19
+    assert len(kept) == BUDGET
+    assert future[kept].min() >= future[gone].max()
+    assert oracle.resident_tokens() == BUDGET
+    with pytest.raises(ValueError, match="'stream' must be named 'layer<i>'"):
+        oracle.insert("head0", np.arange(2, dtype=np.int64))
+    with pytest.raises(ValueError, match="'window' must be an int >= 1: 0"):
+        FutureAttentionOracle(cum, window=0)
+
+
+def test_decodes_in_the_harness(peaked_lm: CausalLM, ids: torch.Tensor) -> None:
+    """The oracle holds the budget and does no worse than keeping the oldest tokens."""
+    cum = future_attention(peaked_lm, ids)
+    makers, predictor = _oracle_factories("oracle:window=8", [cum], BUDGET)
+    assert predictor is None
+    [oracle] = decode_batch(peaked_lm, ids[None], makers, BUDGET)
+    assert oracle.max_resident == BUDGET
+    full = decode_perplexity(peaked_lm, ids, None, N)
+    assert oracle.perplexity >= full.perplexity * 0.8  # eviction is not free (loose check)
+
+
+def test_realised_returns_drive_token_pd(peaked_lm: CausalLM, ids: torch.Tensor) -> None:
+    cum = future_attention(peaked_lm, ids)
+    returns = RealisedReturns([cum, cum], horizon=5)
+    mass = mean_attention(peaked_lm, ids, per_layer=True).mean(axis=0)
+    want = mass[4:9, 3].sum() / 5  # token 3: queries 4..8
+    feats = np.array([[0.0, 0.0, 3.0, 0.0], [0.0, 0.0, 7.0, 0.0]])
+    got, risk = returns.predict(feats)
+    assert got[0] == pytest.approx(want, rel=1e-5)
+    assert np.all(risk == 0)
+    makers, predictor = _oracle_factories("token-pd:keep_rule=false:oracle-returns", [cum], 8)
+    assert isinstance(predictor, RealisedReturns)
+    [row] = decode_batch(peaked_lm, ids[None], makers, 8, predictor)
+    assert row.max_resident == 8
+    with pytest.raises(ValueError, match="'policy' must be 'oracle:window=W'"):
+        _oracle_factories("h2o", [cum], 8)
+
+
+@pytest.mark.parametrize("policy", ["h2o", "token-pd:keep_rule=false", "sink-window"])
+def test_pooled_budget_spreads_over_layers(
+    peaked_lm: CausalLM, ids: torch.Tensor, policy: str
+) -> None:
+    """One policy for every layer keeps BUDGET per layer on average, not in each layer."""
+    from kvpolicy.evict.quality import policy_factory
+
+    factory = policy_factory(policy)
+    assert factory is not None
+    layers = peaked_lm.num_layers
+    pooled = decode_perplexity(
+        peaked_lm, ids, lambda: factory(BUDGET * layers), BUDGET, pooled=True
+    )
+    per_layer = decode_perplexity(peaked_lm, ids, lambda: factory(BUDGET), BUDGET)
+    # The same memory at every step, spread over the layers as the policy chooses.
+    assert pooled.mean_resident == pytest.approx(per_layer.mean_resident)
+    assert np.isfinite(pooled.perplexity)
+    with pytest.raises(ValueError, match="'pooled' decodes one text"):
+        decode_batch(peaked_lm, torch.stack([ids, ids]), lambda: factory(8), 8, pooled=True)
+
+
+def test_pooled_label(peaked_lm: CausalLM, ids: torch.Tensor) -> None:
+    makers, predictor = _oracle_factories("pooled:token-pd:keep_rule=false", [None], 6, 2)  # type: ignore[list-item]
+    assert predictor is not None  # Token-PD gets the shipped compact predictor
+    assert makers[0]().__class__.__name__ == "TokenPDPolicy"
+    with pytest.raises(ValueError, match="not the full cache"):
+        _oracle_factories("pooled:full", [None], 6, 2)  # type: ignore[list-item]
