@@ -19,6 +19,10 @@
   Median over ``rounds`` rounds; ``_best`` the smallest round; ``_rounds`` every round.
   ``None`` where the backend called directly already queues at that rate
   (``saturated_rps``): there the difference measures the backend, not the gateway.
+* ``overhead_p50_ms_instant_backend``: the same at 500 requests/s in front of an upstream
+  that answers at once: the gateway's own cost, without the simulated server's iterations
+  (a request waits for the iteration under way, so its latency moves with the timing of its
+  arrival and with what else runs on the cores).
 * ``sustained_rps``: completed requests/s through the gateway with 32 concurrent clients
   (``direct_sustained_rps``: the backend alone).
 """
@@ -387,6 +391,50 @@ def bench_overhead(
     return out
 
 
+# An upstream that answers at once: what the gateway adds by itself, without the simulated
+# server's iterations (whose timing moves with the load and the shared cores).
+_INSTANT = """
+import sys, uvicorn
+BODY = (b'{"id":"x","object":"text_completion","choices":[{"index":0,"text":" tok",'
+        b'"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,'
+        b'"total_tokens":2}}')
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": BODY})
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error", access_log=False)
+"""
+
+
+def bench_overhead_instant(n: int, rate: float, rounds: int) -> dict[str, Any]:
+    """Gateway overhead in front of an upstream that answers at once (``_INSTANT``), paced
+    at ``rate``: the gateway's own cost, the same way as :func:`bench_overhead`."""
+    be_port, gw_port = _free_port(), _free_port()
+    procs = [_start([_INSTANT, str(be_port)], be_port)]
+    try:
+        procs.append(_start([_GATEWAY, str(gw_port), f"http://127.0.0.1:{be_port}"], gw_port))
+        direct = f"http://127.0.0.1:{be_port}/v1/completions"
+        via = f"http://127.0.0.1:{gw_port}/v1/completions"
+        p50s = []
+        for r in range(rounds):
+            order = (direct, via) if r % 2 == 0 else (via, direct)
+            runs = {u: asyncio.run(_paced(u, n, rate)) for u in order}
+            p50s.append((_pct(runs[via][0], 0.5) - _pct(runs[direct][0], 0.5)) * 1e3)
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            proc.wait(10)
+    return {
+        "overhead_p50_ms_instant_backend": _pct(p50s, 0.5),
+        "overhead_p50_ms_instant_backend_rounds": [round(v, 3) for v in p50s],
+    }
+
+
 def _has(module: str) -> bool:
     import importlib.util
 
@@ -428,6 +476,9 @@ def main() -> None:
                 bench_overhead(
                     500 if args.quick else 2_000, (100.0, 300.0, 500.0), 1 if args.quick else 3, url
                 )
+            )
+            figures.update(
+                bench_overhead_instant(500 if args.quick else 2_000, 500.0, 1 if args.quick else 3)
             )
     finally:
         if server is not None:
