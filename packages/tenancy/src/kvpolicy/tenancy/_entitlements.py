@@ -175,6 +175,22 @@ def _reserved(entitlements: Iterable[TokenEntitlement]) -> tuple[float, int, int
     return tps, kv, conc
 
 
+def fundable_tokens(
+    limits: Resources, capacity: Resources, window_s: float, bytes_per_token: int
+) -> int:
+    """The largest charge (``prompt_len + max_output_tokens``) an entitlement with
+    ``limits`` in a pool of ``capacity`` can ever fund: one token-bucket window of either
+    rate, and the KV bytes of either."""
+    return int(
+        min(
+            limits.tokens_per_s * window_s,
+            capacity.tokens_per_s * window_s,
+            limits.kv_bytes // bytes_per_token,
+            capacity.kv_bytes // bytes_per_token,
+        )
+    )
+
+
 def check_reserved_fit(entitlements: Iterable[TokenEntitlement], capacity: Resources) -> None:
     """Raise ``ValueError`` when the reserved baselines exceed ``capacity`` in some dimension."""
     tps, kv, conc = _reserved(entitlements)

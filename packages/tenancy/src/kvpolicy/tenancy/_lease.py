@@ -22,7 +22,7 @@ from attrs import field, frozen
 from attrs.validators import ge, instance_of
 
 from kvpolicy.kvmodel import GateDecision, ModelSpec, Request
-from kvpolicy.tenancy._entitlements import TokenEntitlement, TokenPool
+from kvpolicy.tenancy._entitlements import TokenEntitlement, TokenPool, fundable_tokens
 from kvpolicy.tenancy._gate import GateConfig
 from kvpolicy.tenancy._math import retry_after
 
@@ -656,15 +656,7 @@ class RedisLeaseGate:
         ent = self.entitlement(tenant)
         if ent is None:
             return 0
-        lim, cap = ent.limits, self._pool.capacity
-        return int(
-            min(
-                lim.tokens_per_s * self._window,
-                cap.tokens_per_s * self._window,
-                lim.kv_bytes // self._bpt,
-                cap.kv_bytes // self._bpt,
-            )
-        )
+        return fundable_tokens(ent.limits, self._pool.capacity, self._window, self._bpt)
 
     def check(
         self, request: Request, time: float | None = None, *, max_output_tokens: int | None = None

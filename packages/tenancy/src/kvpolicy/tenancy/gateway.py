@@ -33,7 +33,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from kvpolicy.kvmodel import GateDecision, Request
-from kvpolicy.tenancy._entitlements import TokenEntitlement, TokenPool
+from kvpolicy.tenancy._entitlements import TokenEntitlement, TokenPool, fundable_tokens
 from kvpolicy.tenancy._errors import UnknownRequestError
 from kvpolicy.tenancy._gate import TokenPoolGate
 from kvpolicy.tenancy._lease import LeaseRelease, RedisLeaseGate
@@ -85,15 +85,9 @@ class LocalGate:
         ent = self.entitlement(tenant)
         if ent is None:
             return 0
-        lim, cap, w = ent.limits, self.pool.capacity, self._gate.config.window_s
-        bpt = self._gate.bytes_per_token
-        return int(
-            min(
-                lim.tokens_per_s * w,
-                cap.tokens_per_s * w,
-                lim.kv_bytes // bpt,
-                cap.kv_bytes // bpt,
-            )
+        gate = self._gate
+        return fundable_tokens(
+            ent.limits, self.pool.capacity, gate.config.window_s, gate.bytes_per_token
         )
 
     def check(self, request: Request, *, max_output_tokens: int | None = None) -> GateDecision:

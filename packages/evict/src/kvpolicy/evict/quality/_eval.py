@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -75,6 +76,23 @@ def validate_budgets(budgets: Sequence[float]) -> tuple[float, ...]:
     if not out:
         raise ValueError("'budget' must list at least one budget")
     return tuple(out)
+
+
+def cli_texts_and_budgets(
+    parser: argparse.ArgumentParser, text: str, budget: str
+) -> tuple[list[str], tuple[float, ...]]:
+    """The ``--text`` names and ``--budget`` fractions of the harness scripts' command lines
+    (comma-separated); a bad one ends the program through ``parser.error``, naming it."""
+    from kvpolicy.evict.quality._texts import EVAL_TEXTS
+
+    texts = [t.strip() for t in text.split(",") if t.strip()]
+    for t in texts:
+        if t not in EVAL_TEXTS:
+            parser.error(f"--text: unknown {t!r}; known: {', '.join(EVAL_TEXTS)}")
+    try:
+        return texts, validate_budgets([float(b) for b in budget.split(",")])
+    except ValueError as exc:
+        parser.error(f"--budget: {exc}")
 
 
 def budget_tokens(budget: float, tokens: int) -> int:

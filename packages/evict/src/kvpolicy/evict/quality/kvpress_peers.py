@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from kvpolicy.evict.quality._decode import DecodeResult
-from kvpolicy.evict.quality._eval import budget_tokens, validate_budgets
+from kvpolicy.evict.quality._eval import budget_tokens, cli_texts_and_budgets
 from kvpolicy.evict.quality._lookup import build_lookup
 from kvpolicy.evict.quality._model import CausalLM, load_smollm2
 from kvpolicy.evict.quality._runs import append_row, read_rows, result_row, row_key
@@ -221,14 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in presses:
         if p not in PRESSES:
             parser.error(f"--press: unknown {p!r}; known: {', '.join(PRESSES)}")
-    texts = [t.strip() for t in args.text.split(",") if t.strip()]
-    for t in texts:
-        if t not in EVAL_TEXTS:
-            parser.error(f"--text: unknown {t!r}; known: {', '.join(EVAL_TEXTS)}")
-    try:
-        budgets = validate_budgets([float(b) for b in args.budget.split(",")])
-    except ValueError as exc:
-        parser.error(f"--budget: {exc}")
+    texts, budgets = cli_texts_and_budgets(parser, args.text, args.budget)
     import torch
     import transformers
 

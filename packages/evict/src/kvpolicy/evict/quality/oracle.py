@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvpolicy.evict.quality._decode import decode_batch
-from kvpolicy.evict.quality._eval import budget_tokens, policy_factory, validate_budgets
+from kvpolicy.evict.quality._eval import budget_tokens, cli_texts_and_budgets, policy_factory
 from kvpolicy.evict.quality._model import CausalLM, load_smollm2
 from kvpolicy.evict.quality._record import mean_attention
 from kvpolicy.evict.quality._runs import append_row, read_rows, result_row, row_key
@@ -195,14 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args(argv)
     labels = [p.strip() for p in args.policy.split(",") if p.strip()]
-    texts = [t.strip() for t in args.text.split(",") if t.strip()]
-    for t in texts:
-        if t not in EVAL_TEXTS:
-            parser.error(f"--text: unknown {t!r}; known: {', '.join(EVAL_TEXTS)}")
-    try:
-        budgets = validate_budgets([float(b) for b in args.budget.split(",")])
-    except ValueError as exc:
-        parser.error(f"--budget: {exc}")
+    texts, budgets = cli_texts_and_budgets(parser, args.text, args.budget)
     import torch
 
     torch.set_num_threads(1)
