@@ -48,6 +48,12 @@ class TestEvalArguments:
         assert result.exit_code == 2
         assert "'head' is not one of 'layer', 'kv-head'" in result.output
 
+    def test_unknown_signal(self) -> None:
+        """--signal accepts only attention and output."""
+        result = run("eval", "--signal", "keys")
+        assert result.exit_code == 2
+        assert "'keys' is not one of 'attention', 'output'" in result.output
+
     def test_too_few_tokens(self) -> None:
         """Perplexity needs at least two tokens."""
         result = run("eval", "--tokens", "1")
@@ -105,6 +111,19 @@ class TestEvalRealModel:
         assert [(r["policy"], r["streams"]) for r in rows] == [
             ("full", "layer"),
             ("h2o", "kv-head"),
+        ]
+
+    def test_output_signal(self) -> None:
+        """--signal output: the policy's row says so, the full cache observes attention."""
+        result = run(
+            "eval", "--policy", "full,h2o", "--budget", "0.5", "--tokens", "32",
+            "--signal", "output", "--json",
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        rows = json.loads(result.stdout)
+        assert [(r["policy"], r["signal"]) for r in rows] == [
+            ("full", "attention"),
+            ("h2o", "output"),
         ]
 
     def test_table_output(self) -> None:

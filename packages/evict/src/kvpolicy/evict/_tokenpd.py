@@ -31,10 +31,43 @@ from kvpolicy.evict._kernels import signals_from_logits
 from kvpolicy.evict._scored import ScoredPolicy
 from kvpolicy.evict._table import check_budget
 
-__all__ = ["TokenPDConfig", "TokenPDPolicy", "dual_update", "excess_value"]
+__all__ = [
+    "TokenPDConfig",
+    "TokenPDPolicy",
+    "age_bins",
+    "bin_medians",
+    "dual_update",
+    "excess_value",
+]
 
 _MAX_EXPONENT = 20.0
 _COLUMNS = ("prior_r", "prior_v", "count", "mean", "m2")
+_AGE_BINS = 32
+"""Age bins of the age profile: ages 0, 1, 2-3, 4-7, ... (``bit_length`` of the age)."""
+_AGE_RATE = 1.0 / 16.0
+"""How fast the age profile forgets: each step's weight decays by this factor (the
+profile is a count-weighted exponential moving average of the steps' medians)."""
+
+
+def age_bins(ages: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Bin of each age >= 0: 0 for age 0, ``k`` for ages in ``[2**(k-1), 2**k)``."""
+    a = np.maximum(np.asarray(ages, dtype=np.int64), 0)
+    out = np.zeros(a.shape, dtype=np.int64)
+    pos = a > 0
+    out[pos] = np.floor(np.log2(a[pos])).astype(np.int64) + 1
+    return np.minimum(out, _AGE_BINS - 1)
+
+
+def bin_medians(
+    bins: NDArray[np.int64], values: NDArray[np.float64]
+) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """The bins present in ``bins`` (ascending) and the median of ``values`` in each."""
+    order = np.lexsort((values, bins))
+    b, v = bins[order], values[order]
+    present, start, count = np.unique(b, return_index=True, return_counts=True)
+    lo = start + (count - 1) // 2
+    hi = start + count // 2
+    return present, 0.5 * (v[lo] + v[hi])
 
 
 def _finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -93,6 +126,12 @@ class TokenPDConfig:
     """Leading positions of each stream kept while the budget allows (not in seed 000)."""
     recent_window: int = _int_field(0)
     """Newest positions of each stream kept while the budget allows (not in seed 000)."""
+    age_prior: float = _float_field(0.0, ge(0.0))
+    """How many observations the stream's *age profile* counts for in a token's estimate
+    (0: not used; not in seed 000). The profile is the median attention a token of each
+    age (in powers of two) receives in that stream, learned online from every
+    observation: a prior that says how attention fades with age in this layer, which the
+    token's own observations then correct."""
 
 
 def excess_value(
@@ -158,6 +197,10 @@ class TokenPDPolicy(ScoredPolicy):
         self._price: float | None = cfg.initial_price
         self._steps = 0
         self._last_demand = 0
+        # Age profile per stream (cfg.age_prior > 0): median attention per age bin and the
+        # decayed count of tokens behind it; the stream being observed, for `observed`.
+        self._profiles: dict[str, tuple[NDArray[np.float64], NDArray[np.float64]]] = {}
+        self._observing: str | None = None
         # Per token: predicted return and risk, and Welford's count, mean and sum of
         # squared deviations of the realised returns.
         for name in _COLUMNS:
@@ -183,11 +226,37 @@ class TokenPDPolicy(ScoredPolicy):
         """Tokens the keep rule alone would have kept at the last evict call."""
         return self._last_demand
 
+    def age_profile(self, stream: str) -> NDArray[np.float64] | None:
+        """(32,) float64 median attention per age bin (:func:`age_bins`) learned for
+        ``stream`` (NaN where no token of that age was observed), or None when the policy
+        keeps no profile (``age_prior == 0``) or has not observed ``stream``."""
+        got = self._profiles.get(stream)
+        if got is None:
+            return None
+        prof, weight = got
+        return np.where(weight > 0, prof, np.nan)
+
+    def observe(
+        self, stream: str, positions: NDArray[np.int64], attention: NDArray[np.float64]
+    ) -> None:
+        """:meth:`ScoredPolicy.observe`; with ``age_prior`` it also learns the stream's age
+        profile from this step's attention (after the estimates are updated)."""
+        self._observing = stream
+        try:
+            super().observe(stream, positions, attention)
+        finally:
+            self._observing = None
+
+    def remove(self, stream: str) -> None:
+        """Forget a finished or preempted stream, its tokens and its age profile."""
+        super().remove(stream)
+        self._profiles.pop(stream, None)
+
     def estimates(
         self, stream: str, positions: NDArray[np.int64]
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Current ``(R_hat, sigma_hat^2)`` of resident ``positions``, each (n,) float64."""
-        return self._estimate(self.table.lookup(stream, positions))
+        return self._estimate(self.table.lookup(stream, positions), stream)
 
     def excess_values(self, stream: str, positions: NDArray[np.int64]) -> NDArray[np.float64]:
         """(n,) float64 excess values ``g`` at the current price (0 before it is set)."""
@@ -272,10 +341,26 @@ class TokenPDPolicy(ScoredPolicy):
             col("m2")[slots] += delta * (attention - mean)
             mean_col[slots] = mean
         count[slots] = n
-        self.table.set_keys(slots, self._value(slots))
+        self.table.set_keys(slots, self._value(slots, self._observing))
+        if self._cfg.age_prior > 0 and self._observing is not None:
+            self._learn_ages(self._observing, slots, attention)
+
+    def _learn_ages(
+        self, stream: str, slots: NDArray[np.int64], attention: NDArray[np.float64]
+    ) -> None:
+        """Fold this step's median attention per age bin into the stream's profile, each
+        bin weighted by how many tokens it held (a new bin is first reached by the oldest
+        token alone, which is often an attention sink)."""
+        newest = int(self.table.resident_positions(stream)[-1])
+        bins = age_bins(newest - self.table.positions_of(slots))
+        present, medians = bin_medians(bins, attention)
+        counts = np.bincount(bins, minlength=_AGE_BINS)[present].astype(np.float64)
+        prof, weight = self._profiles.setdefault(stream, (np.zeros(_AGE_BINS), np.zeros(_AGE_BINS)))
+        weight[present] = (1.0 - _AGE_RATE) * weight[present] + counts
+        prof[present] += counts / weight[present] * (medians - prof[present])
 
     def _estimate(
-        self, slots: NDArray[np.int64]
+        self, slots: NDArray[np.int64], stream: str | None = None
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         # The prediction is a prior worth `prior_weight` observations; the realised returns
         # (per-step attention mass) and their spread update it.
@@ -286,11 +371,21 @@ class TokenPDPolicy(ScoredPolicy):
         denom = np.maximum(w0 + n, 1e-300)
         r = np.where(n > 0, (w0 * prior_r + n * col("mean")[slots]) / denom, prior_r)
         v = np.where(n > 0, (w0 * prior_v + col("m2")[slots]) / denom, prior_v)
+        wa = self._cfg.age_prior
+        if wa > 0 and stream is not None and stream in self._profiles and slots.size:
+            # The age profile counts for `wa` more observations: tokens of an age whose
+            # attention has typically faded lose value before their own estimate shows it.
+            prof, weight = self._profiles[stream]
+            newest = int(self.table.resident_positions(stream)[-1])
+            b = age_bins(newest - self.table.positions_of(slots))
+            known = weight[b] > 0
+            mixed = (wa * prof[b] + (w0 + n) * r) / (wa + w0 + n)
+            r = np.where(known, mixed, r)
         return r, v
 
-    def _value(self, slots: NDArray[np.int64]) -> NDArray[np.float64]:
+    def _value(self, slots: NDArray[np.int64], stream: str | None = None) -> NDArray[np.float64]:
         """``g + mu c``: the part of the excess value that differs between tokens."""
-        r, v = self._estimate(slots)
+        r, v = self._estimate(slots, stream)
         return excess_value(r, v, 0.0, self._cfg)
 
     # ------------------------------------------------------------- CacheEvict

@@ -208,6 +208,14 @@ def group() -> None:
     help="layer: one policy stream per layer (its KV heads share the kept tokens); kv-head: "
     "one per KV head, fed that head's attention, each head keeping the budget.",
 )
+@click.option(
+    "--signal",
+    type=click.Choice(["attention", "output"]),
+    default="attention",
+    show_default=True,
+    help="What policies observe of each resident token: attention, its attention weight; "
+    "output, its share of what dropping it would change in the attention output.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of results.")
 def eval_(
     policies: str,
@@ -219,6 +227,7 @@ def eval_(
     out: pathlib.Path | None,
     batch_texts: bool,
     streams: str,
+    signal: str,
     as_json: bool,
 ) -> None:
     """Perplexity (or lookup accuracy) of each policy at each budget, decoding TOKENS tokens
@@ -248,6 +257,7 @@ def eval_(
             "budget": 1.0 if policy == FULL else b,
             "predictor": "-" if policy == FULL else predictor,
             "streams": "layer" if policy == FULL else streams,
+            "signal": "attention" if policy == FULL else signal,
         }
         for name, _content in sources
         for policy in names
@@ -295,6 +305,7 @@ def eval_(
                     lookups=[inputs[name][1] for name in names],
                     progress=advance,
                     streams=w["streams"],
+                    signal=w["signal"],
                 )
             except ValueError as exc:
                 raise click.ClickException(str(exc)) from exc
@@ -334,7 +345,9 @@ def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_j
         )
         cells = [
             r["text"],
-            r["policy"] + (" (per KV head)" if r.get("streams") == "kv-head" else ""),
+            r["policy"]
+            + (" (per KV head)" if r.get("streams") == "kv-head" else "")
+            + (" (output signal)" if r.get("signal") == "output" else ""),
             f"{r['budget']:g}",
             str(r["budget_tokens"]),
             f"{r['mean_resident']:.1f}",

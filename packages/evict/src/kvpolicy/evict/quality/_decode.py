@@ -43,12 +43,14 @@ from kvpolicy.evict.quality._model import CausalLM
 from kvpolicy.kvmodel import EvictionPolicy
 
 __all__ = [
+    "SIGNALS",
     "STREAMS",
     "DecodeResult",
     "FeatureKind",
     "decode_batch",
     "decode_perplexity",
     "feature_kind",
+    "output_share",
 ]
 
 FeatureKind = Literal["logits", "compact"]
@@ -56,6 +58,11 @@ FeatureKind = Literal["logits", "compact"]
 
 STREAMS = ("layer", "kv-head")
 """How a layer's cache is split into policy streams: one per layer, or one per KV head."""
+
+SIGNALS = ("attention", "output")
+"""What a policy observes of each resident token after a step: ``"attention"``, the
+attention weight the query gives it (mean over the stream's query heads); ``"output"``, its
+share of what dropping it would change in the attention output (:func:`output_share`)."""
 
 
 _ATTENTION = "kvpolicy_ragged_eager"
@@ -161,6 +168,7 @@ def decode_perplexity(
     progress: Callable[[int], None] | None = None,
     streams: str = "layer",
     pooled: bool = False,
+    signal: str = "attention",
 ) -> DecodeResult:
     """Perplexity of ``input_ids`` decoded one token at a time under a KV budget.
 
@@ -177,19 +185,22 @@ def decode_perplexity(
         pooled: one policy holds every stream and keeps ``budget_tokens`` times the number
             of streams across them (the batch-global eviction evict's policies are built
             for): the same memory, spread over the layers as the policy prices them.
+        signal: what ``observe`` receives for each resident token, one of
+            :data:`SIGNALS`: the attention weight (default) or :func:`output_share`.
 
     Returns:
         The perplexity and the largest resident count seen after eviction.
 
     Raises:
-        ValueError: fewer than 2 tokens, a budget < 1 with a policy, or unknown ``streams``.
+        ValueError: fewer than 2 tokens, a budget < 1 with a policy, or unknown ``streams``
+            or ``signal``.
     """
     import torch
 
     ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1)
-    return decode_batch(lm, ids, make_policy, budget_tokens, predictor, progress, streams, pooled)[
-        0
-    ]
+    return decode_batch(
+        lm, ids, make_policy, budget_tokens, predictor, progress, streams, pooled, signal
+    )[0]
 
 
 def decode_batch(
@@ -201,6 +212,7 @@ def decode_batch(
     progress: Callable[[int], None] | None = None,
     streams: str = "layer",
     pooled: bool = False,
+    signal: str = "attention",
 ) -> list[DecodeResult]:
     """:func:`decode_perplexity` of several texts of one length at once, as one batch.
 
@@ -220,6 +232,7 @@ def decode_batch(
             tensor holds them), which the same budget-filling policies do.
         pooled: as in :func:`decode_perplexity` (layers then hold different counts, so
             one text at a time, with ``streams="layer"``).
+        signal: as in :func:`decode_perplexity`.
 
     Returns:
         One result per text; each is timed by the whole batch.
@@ -242,6 +255,8 @@ def decode_batch(
         raise ValueError(f"'budget_tokens' must be an int >= 1: {budget_tokens!r}")
     if streams not in STREAMS:
         raise ValueError(f"'streams' must be one of {', '.join(STREAMS)}: {streams!r}")
+    if signal not in SIGNALS:
+        raise ValueError(f"'signal' must be one of {', '.join(SIGNALS)}: {signal!r}")
     kind = feature_kind(predictor) if predictor is not None else "compact"
     layers = lm.num_layers
     per_layer = 1 if streams == "layer" else int(lm.model.config.num_key_value_heads)
@@ -264,7 +279,17 @@ def decode_batch(
     lm.model.set_attn_implementation(_ATTENTION)
     try:
         return _decode(
-            lm, ids, policies, per_layer, budget_tokens, predictor, kind, cache, progress, pooled
+            lm,
+            ids,
+            policies,
+            per_layer,
+            budget_tokens,
+            predictor,
+            kind,
+            cache,
+            progress,
+            pooled,
+            signal,
         )
     finally:
         lm.model.set_attn_implementation(previous)
@@ -298,6 +323,7 @@ def _decode(
     cache: Any,
     progress: Callable[[int], None] | None,
     pooled: bool = False,
+    signal: str = "attention",
 ) -> list[DecodeResult]:
     """The decoding loop; ``policies[r][layer * per_layer + s]`` owns stream ``s`` of
     ``layer`` in text ``r`` (``per_layer`` is 1 or the number of KV heads)."""
@@ -351,9 +377,20 @@ def _decode(
                 att = [
                     _stream_attention(out.attentions[layer], per_layer) for layer in range(layers)
                 ]
+                # The predictor's arrival feature is always the attention weight.
+                arrival_att = att
+                if signal == "output":
+                    att = [
+                        output_share(
+                            out.attentions[layer][:, :, 0, :],
+                            cache.layers[layer].values,
+                            per_layer,
+                        )
+                        for layer in range(layers)
+                    ]
                 signals = None
                 if predictor is not None:
-                    arrival = np.mean([a[:, :, -1].mean(axis=1) for a in att], axis=0)
+                    arrival = np.mean([a[:, :, -1].mean(axis=1) for a in arrival_att], axis=0)
                     signals = _signals(predictor, kind, logits, t, arrival)
                 pos = np.array([t], dtype=np.int64)
                 if pooled:
@@ -459,6 +496,44 @@ def _stream_attention(weights: Any, per_layer: int) -> NDArray[np.float64]:
     texts, heads, kv = w.shape
     grouped = w.reshape(texts, per_layer, heads // per_layer, kv)
     return grouped.mean(dim=2).double().numpy()  # type: ignore[no-any-return]
+
+
+def output_share(weights: Any, values: Any, per_layer: int) -> NDArray[np.float64]:
+    """(texts, per_layer, kv) share of each resident token in what dropping it would change
+    in one decode query's attention output.
+
+    Dropping key ``i`` from a head whose weights are ``a`` and output ``o = sum_j a_j v_j``
+    moves the output to ``(o - a_i v_i) / (1 - a_i)``, a change of norm
+    ``a_i / (1 - a_i) * |v_i - o|``. The attention weight alone misses both factors: a
+    token whose value is far from the output matters more than its weight says, and one
+    near it (or an attention sink with a near-zero value but most of the weight) is
+    weighed by what its removal redistributes. The changes are averaged over the query
+    heads that read each stream (as :func:`_stream_attention`) and normalised to sum 1 per
+    stream, so they stay on the scale of attention weights.
+
+    Args:
+        weights: (texts, heads, kv) attention weights of one layer's decode query.
+        values: (texts, kv_heads, kv, head_dim) that layer's cached values (query head
+            ``q`` reads KV head ``q // (heads // kv_heads)``).
+        per_layer: 1 (one stream per layer) or ``kv_heads`` (one per KV head).
+    """
+    import torch
+
+    texts, heads, kv = weights.shape
+    kv_heads = int(values.shape[1])
+    group = heads // kv_heads
+    v = values.float()
+    a = weights.float().reshape(texts, kv_heads, group, kv)
+    o = torch.matmul(a, v)  # (texts, kv_heads, group, head_dim)
+    dot = torch.matmul(v, o.transpose(2, 3))  # (texts, kv_heads, kv, group)
+    dist2 = (v * v).sum(-1, keepdim=True) - 2.0 * dot + (o * o).sum(-1)[:, :, None, :]
+    dist = dist2.clamp_min(0.0).sqrt()
+    at = a.transpose(2, 3)  # (texts, kv_heads, kv, group)
+    change = at / (1.0 - at).clamp_min(1e-6) * dist
+    per_head = change.mean(dim=3)  # (texts, kv_heads, kv)
+    share = per_head.mean(dim=1, keepdim=True) if per_layer == 1 else per_head
+    share = share / share.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+    return share.double().numpy()  # type: ignore[no-any-return]
 
 
 def _cut(cached: Any, keep_rows: list[list[NDArray[np.int64]]], layer: int) -> None:

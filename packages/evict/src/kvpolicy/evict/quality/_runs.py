@@ -40,16 +40,23 @@ __all__ = [
 TASKS = ("ppl", "lookup")
 """``ppl``: perplexity of a text; ``lookup``: accuracy on the records planted before it."""
 
-ROW_KEY = ("task", "text", "tokens", "policy", "budget", "predictor", "streams")
+ROW_KEY = ("task", "text", "tokens", "policy", "budget", "predictor", "streams", "signal")
 """Fields that identify a run; a results file holds at most one row per key. A row without
-``streams`` (kvpress's, and rows written before per-head streams) counts as ``"layer"``."""
+``streams`` (kvpress's, and rows written before per-head streams) counts as ``"layer"``,
+one without ``signal`` (kvpress's, and rows written before it) as ``"attention"``."""
+
+_KEY_DEFAULTS = {"streams": "layer", "signal": "attention"}
 
 
 def row_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     """The identifying fields of ``row`` (budget rounded so 0.125 and 0.1250 match;
-    ``streams`` defaults to ``"layer"``)."""
+    ``streams`` and ``signal`` default as :data:`ROW_KEY` says)."""
     return tuple(
-        round(row[k], 6) if k == "budget" else row.get(k, "layer") if k == "streams" else row[k]
+        round(row[k], 6)
+        if k == "budget"
+        else row.get(k, _KEY_DEFAULTS[k])
+        if k in _KEY_DEFAULTS
+        else row[k]
         for k in ROW_KEY
     )
 
@@ -102,12 +109,15 @@ def result_row(
     lookup: LookupTask | None = None,
     extra: Mapping[str, Any] | None = None,
     streams: str | None = "layer",
+    signal: str | None = "attention",
 ) -> dict[str, Any]:
     """The JSON row of one decoding run (what :func:`decode_row` and the kvpress harness
     write): identity, perplexity with its bootstrap interval, residency, timing, the
     per-position losses and, for ``lookup``, the accuracy. ``streams`` is how kvpolicy's
     harness split the cache into policy streams (``"layer"`` or ``"kv-head"``; the full
-    cache is ``"layer"``); None leaves the field out (kvpress's rows: the press decides)."""
+    cache is ``"layer"``); None leaves the field out (kvpress's rows: the press decides).
+    ``signal`` is what the policies observed (``"attention"`` or ``"output"``, the full
+    cache ``"attention"``); None leaves it out likewise."""
     if task not in TASKS:
         raise ValueError(f"'task' must be one of {', '.join(TASKS)}: {task!r}")
     ci = bootstrap_perplexity(result.nll)
@@ -131,6 +141,8 @@ def result_row(
     }
     if streams is not None:
         row["streams"] = streams
+    if signal is not None:
+        row["signal"] = signal
     row.update(extra or {})
     return row
 
@@ -160,17 +172,27 @@ def decode_row(
     lookup: LookupTask | None = None,
     progress: Any = None,
     streams: str = "layer",
+    signal: str = "attention",
 ) -> dict[str, Any]:
     """Decode ``input_ids`` under one kvpolicy policy label at one budget; its row.
 
-    ``policy == "full"`` runs the full cache (budget 1.0, streams ``"layer"``); ``streams``
-    is :func:`~kvpolicy.evict.quality.decode_perplexity`'s.
+    ``policy == "full"`` runs the full cache (budget 1.0, streams ``"layer"``, signal
+    ``"attention"``); ``streams`` and ``signal`` are
+    :func:`~kvpolicy.evict.quality.decode_perplexity`'s.
     """
     n = len(input_ids)
     make, k, budget = _plan(policy, budget, n)
     streams = streams if make is not None else "layer"
+    signal = signal if make is not None else "attention"
     r = decode_perplexity(
-        lm, input_ids, make, k, predictor if make else None, progress=progress, streams=streams
+        lm,
+        input_ids,
+        make,
+        k,
+        predictor if make else None,
+        progress=progress,
+        streams=streams,
+        signal=signal,
     )
     return result_row(
         task=task,
@@ -183,6 +205,7 @@ def decode_row(
         result=r,
         lookup=lookup,
         streams=streams,
+        signal=signal,
     )
 
 
@@ -199,6 +222,7 @@ def decode_rows(
     lookups: Sequence[LookupTask | None] | None = None,
     progress: Any = None,
     streams: str = "layer",
+    signal: str = "attention",
 ) -> list[dict[str, Any]]:
     """:func:`decode_row` of several texts of one length as one batch
     (:func:`~kvpolicy.evict.quality.decode_batch`): one row per text, each timed by the
@@ -209,8 +233,16 @@ def decode_rows(
     n = int(batch.shape[1])
     make, k, budget = _plan(policy, budget, n)
     streams = streams if make is not None else "layer"
+    signal = signal if make is not None else "attention"
     results = decode_batch(
-        lm, batch, make, k, predictor if make else None, progress=progress, streams=streams
+        lm,
+        batch,
+        make,
+        k,
+        predictor if make else None,
+        progress=progress,
+        streams=streams,
+        signal=signal,
     )
     tasks = list(lookups) if lookups is not None else [None] * len(texts)
     return [
@@ -226,6 +258,7 @@ def decode_rows(
             lookup=lookup,
             extra={"batch": len(texts)},
             streams=streams,
+            signal=signal,
         )
         for text, lookup, r in zip(texts, tasks, results, strict=True)
     ]
