@@ -61,4 +61,4 @@ def test_cli_names_a_missing_row(
         main(["--rows", str(rows), "--text", "code", "--tokens", "8", "--budget", "0.5",
               "--policy", "h2o", "--against", "full"])  # fmt: skip
     assert exc.value.code == 2
-    assert "no row" in capsys.readouterr().err
+    assert "no ppl row with" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvpolicy.evict import TokenPDConfig, TokenPDPolicy
-from kvpolicy.evict._tokenpd import age_bins, bin_medians
+from kvpolicy.evict._tokenpd import age_bins, bin_medians, pooled_max
 
 
 def test_age_bins_are_powers_of_two() -> None:
@@ -98,3 +98,25 @@ def test_bad_observation_changes_nothing() -> None:
 def test_age_prior_must_be_finite_and_non_negative(bad: float) -> None:
     with pytest.raises(ValueError, match="age_prior"):
         TokenPDConfig(age_prior=bad)
+
+
+def test_pooled_max_by_position() -> None:
+    values = np.array([0.0, 5.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+    positions = np.array([6, 1, 2, 3, 4, 5, 0], dtype=np.int64)
+    got = pooled_max(values, positions, 1)
+    # by position: 0 5 0 0 0 1 0 -> 5 5 5 0 1 1 1, given back in input order
+    assert got.tolist() == [1.0, 5.0, 5.0, 0.0, 1.0, 1.0, 5.0]
+    np.testing.assert_array_equal(pooled_max(values, positions, 0), values)
+
+
+def test_pool_keeps_the_neighbours_of_an_attended_token() -> None:
+    """Token 10 is the only one attended; with pool=2 its neighbours 8-12 outlast the
+    others, without pooling they go first (their value is 0 like the rest)."""
+    for pool, expect in ((0, {10}), (2, {8, 9, 10, 11, 12})):
+        policy = TokenPDPolicy(TokenPDConfig(keep_rule=False, memory=8, pool=pool))
+        policy.insert("s", np.arange(30, dtype=np.int64))
+        pos = policy.resident_positions("s")
+        att = np.where(pos == 10, 1.0, 0.0)
+        policy.observe("s", pos, att)
+        policy.evict(len(expect))
+        assert set(policy.resident_positions("s").tolist()) == expect

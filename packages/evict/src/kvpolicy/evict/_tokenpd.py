@@ -38,6 +38,7 @@ __all__ = [
     "bin_medians",
     "dual_update",
     "excess_value",
+    "pooled_max",
 ]
 
 _MAX_EXPONENT = 20.0
@@ -56,6 +57,22 @@ def age_bins(ages: NDArray[np.int64]) -> NDArray[np.int64]:
     pos = a > 0
     out[pos] = np.floor(np.log2(a[pos])).astype(np.int64) + 1
     return np.minimum(out, _AGE_BINS - 1)
+
+
+def pooled_max(
+    values: NDArray[np.float64], positions: NDArray[np.int64], half_width: int
+) -> NDArray[np.float64]:
+    """Each value replaced by the largest of the ``2 * half_width + 1`` values around it
+    when ordered by position (fewer at the ends); returned in the input order."""
+    order = np.argsort(positions, kind="stable")
+    v = values[order]
+    out = v.copy()
+    for d in range(1, half_width + 1):
+        np.maximum(out[d:], v[:-d], out=out[d:])
+        np.maximum(out[:-d], v[d:], out=out[:-d])
+    res = np.empty_like(out)
+    res[order] = out
+    return res
 
 
 def bin_medians(
@@ -126,6 +143,11 @@ class TokenPDConfig:
     """Leading positions of each stream kept while the budget allows (not in seed 000)."""
     recent_window: int = _int_field(0)
     """Newest positions of each stream kept while the budget allows (not in seed 000)."""
+    pool: int = _int_field(0)
+    """Half-width of the neighbourhood whose best value a token takes as its key (0: its
+    own; not in seed 000): among the tokens observed together, in position order, each
+    keeps the largest value of the ``2 * pool + 1`` around it, so the neighbours of an
+    attended token stay with it (SnapKV pools its scores the same way)."""
     age_prior: float = _float_field(0.0, ge(0.0))
     """How many observations the stream's *age profile* counts for in a token's estimate
     (0: not used; not in seed 000). The profile is the median attention a token of each
@@ -341,7 +363,10 @@ class TokenPDPolicy(ScoredPolicy):
             col("m2")[slots] += delta * (attention - mean)
             mean_col[slots] = mean
         count[slots] = n
-        self.table.set_keys(slots, self._value(slots, self._observing))
+        keys = self._value(slots, self._observing)
+        if self._cfg.pool:
+            keys = pooled_max(keys, self.table.positions_of(slots), self._cfg.pool)
+        self.table.set_keys(slots, keys)
         if self._cfg.age_prior > 0 and self._observing is not None:
             self._learn_ages(self._observing, slots, attention)
 

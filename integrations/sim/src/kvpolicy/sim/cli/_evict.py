@@ -49,18 +49,22 @@ def _parse_policies(value: str) -> list[str]:
 
 
 def _parse_texts(value: str | None) -> list[tuple[str, str]]:
-    """``(name, content)`` of each text: an EVAL_TEXTS name or an existing file."""
-    from kvpolicy.evict.quality import EVAL_TEXTS, eval_text
+    """``(name, content)`` of each text: an EVAL_TEXTS or TUNING_TEXTS name or a file."""
+    from kvpolicy.evict.quality import EVAL_TEXTS, TUNING_TEXTS, eval_text
 
+    names = [*EVAL_TEXTS, *TUNING_TEXTS]
     out = []
     for part in [v.strip() for v in (value or "docs").split(",") if v.strip()] or ["docs"]:
-        if part in EVAL_TEXTS:
-            out.append((part, eval_text(part)[0]))
+        if part in names:
+            try:
+                out.append((part, eval_text(part)[0]))
+            except FileNotFoundError as exc:
+                raise click.BadParameter(str(exc), param_hint="'--text'") from exc
             continue
         path = pathlib.Path(part)
         if not path.is_file():
             raise click.BadParameter(
-                f"{part!r} is neither a text name ({', '.join(EVAL_TEXTS)}) nor a file",
+                f"{part!r} is neither a text name ({', '.join(names)}) nor a file",
                 param_hint="'--text'",
             )
         out.append((str(path), path.read_text(errors="replace")))
@@ -170,7 +174,8 @@ def group() -> None:
     default=None,
     help=(
         "Comma-separated texts: names (license = GPL-3, code = argparse.py, docs = "
-        "pydoc_data.topics) or files (default: docs)."
+        "pydoc_data.topics; for tuning: tune-license = GPL-2, tune-code = typing.py, "
+        "tune-docs = pydoc_data.topics in reverse order) or files (default: docs)."
     ),
 )
 @click.option(

@@ -13,6 +13,7 @@ __all__ = [
     "EVAL_TEXTS",
     "LICENSES_DIR",
     "TRAINING_LICENSES",
+    "TUNING_TEXTS",
     "default_text",
     "eval_text",
     "gpl3_path",
@@ -49,13 +50,38 @@ EVAL_TEXTS: dict[str, str] = {
 """The evaluation texts by name, one of each kind, and where each comes from."""
 
 
+TUNING_TEXTS: dict[str, str] = {
+    "tune-license": "/usr/share/common-licenses/GPL-2 (licence prose, Debian)",
+    "tune-code": "Lib/typing.py of the running Python (source code)",
+    "tune-docs": "pydoc_data.topics of the running Python, topics in reverse key order "
+    "(technical documentation; its first 2,048 tokens share no topic with docs')",
+}
+"""Texts of the same three kinds for choosing a policy's parameters, disjoint from
+:data:`EVAL_TEXTS`, so that the evaluation texts are not tuned on."""
+
+
 def eval_text(name: str) -> tuple[str, str]:
-    """``(text, source)`` of one of :data:`EVAL_TEXTS`.
+    """``(text, source)`` of one of :data:`EVAL_TEXTS` or :data:`TUNING_TEXTS`.
 
     Raises:
         ValueError: unknown name (the message lists the known ones).
         FileNotFoundError: the file is not on this machine.
     """
+    if name == "tune-license":
+        path = LICENSES_DIR / "GPL-2"
+        if not path.is_file():
+            raise FileNotFoundError(f"'text' tune-license needs {path} (Debian's common-licenses)")
+        return path.read_text(errors="replace"), str(path)
+    if name == "tune-code":
+        import typing
+
+        path = pathlib.Path(typing.__file__)
+        return path.read_text(errors="replace"), f"{path.name} of Python's standard library"
+    if name == "tune-docs":
+        from pydoc_data.topics import topics
+
+        text = "\n\n".join(topics[k] for k in sorted(topics, reverse=True))
+        return text, "pydoc_data.topics, reverse key order"
     if name == "license":
         path = gpl3_path()
         if not path.is_file():
@@ -68,7 +94,8 @@ def eval_text(name: str) -> tuple[str, str]:
         return path.read_text(errors="replace"), f"{path.name} of Python's standard library"
     if name == "docs":
         return default_text(), "pydoc_data.topics"
-    raise ValueError(f"'text' must be one of {', '.join(EVAL_TEXTS)}: {name!r}")
+    known = ", ".join([*EVAL_TEXTS, *TUNING_TEXTS])
+    raise ValueError(f"'text' must be one of {known}: {name!r}")
 
 
 def gpl3_path() -> pathlib.Path:

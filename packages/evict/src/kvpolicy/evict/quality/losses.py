@@ -122,13 +122,20 @@ def _check(
 
 
 def _find(rows: Sequence[Mapping[str, Any]], want: Mapping[str, Any]) -> Mapping[str, Any]:
-    from kvpolicy.evict.quality._runs import row_key
-
-    key = row_key(want)
+    """The first ``ppl`` row whose fields equal ``want``'s (``streams`` and ``signal``
+    default as in ``_runs.row_key``; budgets compared to 6 places)."""
+    defaults = {"streams": "layer", "signal": "attention"}
     for r in rows:
-        if row_key(r) == key:
+        if r.get("task") != "ppl":
+            continue
+        if all(
+            round(r.get(k, 0.0), 6) == round(v, 6)
+            if k == "budget"
+            else r.get(k, defaults.get(k)) == v
+            for k, v in want.items()
+        ):
             return r
-    raise ValueError(f"no row {dict(want)} in the results file")
+    raise ValueError(f"no ppl row with {dict(want)} in the results file")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,12 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     def want(policy: str, streams: str, signal: str) -> dict[str, Any]:
         full = policy == "full"
         return {
-            "task": "ppl",
             "text": args.text,
             "tokens": args.tokens,
             "policy": policy,
             "budget": 1.0 if full else args.budget,
-            "predictor": "-" if full else "compact",
             "streams": "layer" if full else streams,
             "signal": "attention" if full else signal,
         }
