@@ -15,6 +15,7 @@ from kvpolicy.evict.quality.losses import (
     loss_by_distance,
     loss_sources,
     main,
+    source_attention,
 )
 
 
@@ -62,3 +63,20 @@ def test_cli_names_a_missing_row(
               "--policy", "h2o", "--against", "full"])  # fmt: skip
     assert exc.value.code == 2
     assert "no ppl row with" in capsys.readouterr().err
+
+
+def test_source_attention() -> None:
+    ids = [1, 2, 3, 4, 2, 5, 9, 9]
+    n = len(ids)
+    mass = np.tril(np.ones((n, n)))
+    mass /= mass.sum(axis=1, keepdims=True)
+    mass[5, 1] = 0.0  # query 5 ignores the source
+    # position 3 predicts ids[4] = 2, last seen at 1
+    got = source_attention(mass, ids, 3)
+    assert got is not None
+    assert got.source == 1
+    assert got.mean == pytest.approx(np.mean([1 / 3]))
+    assert got.uniform == pytest.approx(1 / 3)
+    assert got.at_copy == pytest.approx(1 / 4)
+    assert source_attention(mass, ids, 0) is None  # 2 never appeared before
+    assert source_attention(mass, ids, 6) is None  # 9 right before: no queries between

@@ -27,10 +27,12 @@ from numpy.typing import NDArray
 __all__ = [
     "DISTANCE_BUCKETS",
     "LossSource",
+    "SourceAttention",
     "copy_distances",
     "loss_by_distance",
     "loss_sources",
     "main",
+    "source_attention",
 ]
 
 DISTANCE_BUCKETS = (32, 256, 1024)
@@ -48,6 +50,52 @@ class LossSource:
     """NLL of the policy minus NLL of the other one (nats; > 0: the policy lost)."""
     distance: int | None
     """Tokens since the predicted token last appeared before it (None: never)."""
+
+
+@frozen
+class SourceAttention:
+    """How much attention the earlier occurrence of a copied token received before the
+    copy, in a full-cache pass (:func:`source_attention`)."""
+
+    source: int
+    """Position of the last earlier occurrence of the predicted token."""
+    mean: float
+    """Mean attention it received from the queries strictly between it and the copy."""
+    uniform: float
+    """Mean of ``1 / (q + 1)`` over those queries: what an evenly spread query gives a key."""
+    above: float
+    """Median over those queries (every 50th) of the share of keys that got more."""
+    at_copy: float
+    """Attention it received from the query that predicts the copy."""
+
+
+def source_attention(
+    mass: NDArray[np.float64], ids: Sequence[int], position: int
+) -> SourceAttention | None:
+    """:class:`SourceAttention` of the token predicted at ``position`` (``ids[position + 1]``),
+    None when it never appeared before or appeared right before.
+
+    Args:
+        mass: (n, n) full-cache attention, ``mass[q, k]`` the share of query ``q`` on key
+            ``k`` (``quality.mean_attention``).
+        ids: the n token ids.
+        position: a predicted position, ``0 <= position < n - 1``.
+    """
+    target = ids[position + 1]
+    earlier = [i for i in range(position + 1) if ids[i] == target]
+    if not earlier or earlier[-1] >= position:
+        return None
+    src = earlier[-1]
+    queries = np.arange(src + 1, position)
+    between = mass[queries, src]
+    above = [float((mass[q, : q + 1] > mass[q, src]).mean()) for q in queries[::50]]
+    return SourceAttention(
+        source=src,
+        mean=float(between.mean()),
+        uniform=float(np.mean(1.0 / (queries + 1.0))),
+        above=float(np.median(above)),
+        at_copy=float(mass[position, src]),
+    )
 
 
 def copy_distances(ids: Sequence[int] | NDArray[np.int64]) -> NDArray[np.int64]:
@@ -158,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default="layer", help="of --policy (layer, kv-head)")
     parser.add_argument("--signal", default="attention", help="of --policy")
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument(
+        "--attention",
+        action="store_true",
+        help="also run a full-cache pass and report how much attention each copied "
+        "token's earlier occurrence received before the copy",
+    )
     args = parser.parse_args(argv)
     rows = read_rows(args.rows)
 
@@ -185,12 +239,24 @@ def main(argv: list[str] | None = None) -> int:
     print("copy distance    positions   nats")
     for bucket, count, total in loss_by_distance(a, b, ids):
         print(f"{bucket:>15}  {count:>9}  {total:+7.1f}")
+    mass = None
+    if args.attention:
+        from kvpolicy.evict.quality._record import mean_attention
+
+        mass = mean_attention(lm, lm.encode(eval_text(args.text)[0], args.tokens))
     print("position  delta  distance  context -> target")
     for s in loss_sources(a, b, ids, args.top):
         ctx = lm.tokenizer.decode(ids[max(0, s.position - 12) : s.position + 1])
         tgt = lm.tokenizer.decode(ids[s.position + 1 : s.position + 2])
         dist = "never" if s.distance is None else str(s.distance)
         print(f"{s.position:>8}  {s.delta:+.2f}  {dist:>8}  {ctx[-40:]!r} -> {tgt!r}")
+        got = None if mass is None else source_attention(mass, ids, s.position)
+        if got is not None:
+            print(
+                f"{'':>8}  source {got.source}: received {got.mean:.2e} per query before the "
+                f"copy (even spread {got.uniform:.2e}), {got.above:.0%} of keys above it; "
+                f"{got.at_copy:.2e} at the copy"
+            )
     return 0
 
 
