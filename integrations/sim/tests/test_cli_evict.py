@@ -100,31 +100,25 @@ class TestEvalRealModel:
         ]
         assert all(1.0 < r["perplexity"] < 1000.0 for r in rows)
 
-    def test_per_head_streams(self) -> None:
-        """--streams kv-head: the policy's row says so, the full cache stays per layer."""
+    @pytest.mark.parametrize(
+        ("flag", "value", "field", "full_value"),
+        [
+            ("--streams", "kv-head", "streams", "layer"),
+            ("--signal", "output", "signal", "attention"),
+        ],
+    )
+    def test_row_names_its_setting(
+        self, flag: str, value: str, field: str, full_value: str
+    ) -> None:
+        """--streams kv-head / --signal output: the policy's row says so, the full cache keeps
+        the default (one stream per layer, attention)."""
         result = run(
             "eval", "--policy", "full,h2o", "--budget", "0.5", "--tokens", "32",
-            "--streams", "kv-head", "--json",
+            flag, value, "--json",
         )  # fmt: skip
         assert result.exit_code == 0, result.output
         rows = json.loads(result.stdout)
-        assert [(r["policy"], r["streams"]) for r in rows] == [
-            ("full", "layer"),
-            ("h2o", "kv-head"),
-        ]
-
-    def test_output_signal(self) -> None:
-        """--signal output: the policy's row says so, the full cache observes attention."""
-        result = run(
-            "eval", "--policy", "full,h2o", "--budget", "0.5", "--tokens", "32",
-            "--signal", "output", "--json",
-        )  # fmt: skip
-        assert result.exit_code == 0, result.output
-        rows = json.loads(result.stdout)
-        assert [(r["policy"], r["signal"]) for r in rows] == [
-            ("full", "attention"),
-            ("h2o", "output"),
-        ]
+        assert [(r["policy"], r[field]) for r in rows] == [("full", full_value), ("h2o", value)]
 
     def test_table_output(self) -> None:
         """Without --json the command prints a table with one row per result."""

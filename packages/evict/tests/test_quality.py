@@ -49,6 +49,17 @@ def make_tiny_lm(layers: int) -> CausalLM:
     return CausalLM(model=model, name="tiny-llama")
 
 
+def make_peaked_lm(layers: int) -> CausalLM:
+    """:func:`make_tiny_lm` with its queries scaled up: the random model's attention is
+    nearly uniform (attention-based policies would all keep the same tokens), this one's is
+    peaked and differs between heads."""
+    lm = make_tiny_lm(layers)
+    with torch.no_grad():
+        for layer in lm.model.model.layers:
+            layer.self_attn.q_proj.weight *= 300
+    return lm
+
+
 @pytest.fixture(scope="module")
 def tiny_lm() -> CausalLM:
     """The 2-layer tiny Llama."""

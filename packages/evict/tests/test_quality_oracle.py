@@ -17,7 +17,7 @@ from kvpolicy.evict.quality.oracle import (
     future_attention,
 )
 
-from .test_quality import make_tiny_lm
+from .test_quality import make_peaked_lm
 
 N = 40
 BUDGET = 10
@@ -25,11 +25,7 @@ BUDGET = 10
 
 @pytest.fixture(scope="module")
 def peaked_lm() -> CausalLM:
-    lm = make_tiny_lm(2)
-    with torch.no_grad():
-        for layer in lm.model.model.layers:
-            layer.self_attn.q_proj.weight *= 300
-    return lm
+    return make_peaked_lm(2)
 
 
 @pytest.fixture(scope="module")

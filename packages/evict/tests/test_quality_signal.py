@@ -18,7 +18,7 @@ from kvpolicy.evict.quality import (
 )
 from kvpolicy.evict.quality._runs import decode_row, read_rows, row_key
 
-from .test_quality import make_tiny_lm
+from .test_quality import make_peaked_lm, make_tiny_lm
 
 N = 40
 BUDGET = 10
@@ -31,13 +31,7 @@ def tiny_lm() -> CausalLM:
 
 @pytest.fixture(scope="module")
 def peaked_lm() -> CausalLM:
-    """Queries scaled up: the random model's attention is nearly uniform otherwise, and
-    attention-based policies would all keep the same tokens."""
-    lm = make_tiny_lm(2)
-    with torch.no_grad():
-        for layer in lm.model.model.layers:
-            layer.self_attn.q_proj.weight *= 300
-    return lm
+    return make_peaked_lm(2)
 
 
 @pytest.fixture(scope="module")

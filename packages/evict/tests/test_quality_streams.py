@@ -15,7 +15,7 @@ from kvpolicy.evict.quality import (
 )
 from kvpolicy.evict.quality._runs import decode_row, decode_rows, row_key
 
-from .test_quality import make_tiny_lm
+from .test_quality import make_peaked_lm, make_tiny_lm
 
 N = 48
 BUDGET = 12
@@ -44,13 +44,7 @@ def twin_heads_lm() -> CausalLM:
 
 @pytest.fixture(scope="module")
 def peaked_lm() -> CausalLM:
-    """The tiny Llama with its queries scaled up: the random model's attention is nearly
-    uniform (every head would keep the oldest tokens), this one's differs between heads."""
-    lm = make_tiny_lm(2)
-    with torch.no_grad():
-        for layer in lm.model.model.layers:
-            layer.self_attn.q_proj.weight *= 300
-    return lm
+    return make_peaked_lm(2)
 
 
 @pytest.fixture(scope="module")

@@ -363,21 +363,29 @@ class TokenPDPolicy(ScoredPolicy):
             col("m2")[slots] += delta * (attention - mean)
             mean_col[slots] = mean
         count[slots] = n
-        keys = self._value(slots, self._observing)
+        stream = self._observing
+        bins = self._ages(stream, slots)
+        keys = self._value(slots, stream, bins)
         if self._cfg.pool:
             keys = pooled_max(keys, self.table.positions_of(slots), self._cfg.pool)
         self.table.set_keys(slots, keys)
-        if self._cfg.age_prior > 0 and self._observing is not None:
-            self._learn_ages(self._observing, slots, attention)
+        if stream is not None and bins is not None:
+            self._learn_ages(stream, bins, attention)
+
+    def _ages(self, stream: str | None, slots: NDArray[np.int64]) -> NDArray[np.int64] | None:
+        """Age bins of ``slots`` in ``stream`` (ages from its newest position), or None
+        when the policy keeps no age profile or no stream is given."""
+        if self._cfg.age_prior <= 0 or stream is None or not slots.size:
+            return None
+        newest = int(self.table.resident_positions(stream)[-1])
+        return age_bins(newest - self.table.positions_of(slots))
 
     def _learn_ages(
-        self, stream: str, slots: NDArray[np.int64], attention: NDArray[np.float64]
+        self, stream: str, bins: NDArray[np.int64], attention: NDArray[np.float64]
     ) -> None:
         """Fold this step's median attention per age bin into the stream's profile, each
         bin weighted by how many tokens it held (a new bin is first reached by the oldest
         token alone, which is often an attention sink)."""
-        newest = int(self.table.resident_positions(stream)[-1])
-        bins = age_bins(newest - self.table.positions_of(slots))
         present, medians = bin_medians(bins, attention)
         counts = np.bincount(bins, minlength=_AGE_BINS)[present].astype(np.float64)
         prof, weight = self._profiles.setdefault(stream, (np.zeros(_AGE_BINS), np.zeros(_AGE_BINS)))
@@ -385,7 +393,10 @@ class TokenPDPolicy(ScoredPolicy):
         prof[present] += counts / weight[present] * (medians - prof[present])
 
     def _estimate(
-        self, slots: NDArray[np.int64], stream: str | None = None
+        self,
+        slots: NDArray[np.int64],
+        stream: str | None = None,
+        bins: NDArray[np.int64] | None = None,
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         # The prediction is a prior worth `prior_weight` observations; the realised returns
         # (per-step attention mass) and their spread update it.
@@ -396,21 +407,25 @@ class TokenPDPolicy(ScoredPolicy):
         denom = np.maximum(w0 + n, 1e-300)
         r = np.where(n > 0, (w0 * prior_r + n * col("mean")[slots]) / denom, prior_r)
         v = np.where(n > 0, (w0 * prior_v + col("m2")[slots]) / denom, prior_v)
-        wa = self._cfg.age_prior
-        if wa > 0 and stream is not None and stream in self._profiles and slots.size:
+        profile = None if stream is None else self._profiles.get(stream)
+        b = bins if bins is not None or profile is None else self._ages(stream, slots)
+        if profile is not None and b is not None:
             # The age profile counts for `wa` more observations: tokens of an age whose
             # attention has typically faded lose value before their own estimate shows it.
-            prof, weight = self._profiles[stream]
-            newest = int(self.table.resident_positions(stream)[-1])
-            b = age_bins(newest - self.table.positions_of(slots))
-            known = weight[b] > 0
+            wa = self._cfg.age_prior
+            prof, weight = profile
             mixed = (wa * prof[b] + (w0 + n) * r) / (wa + w0 + n)
-            r = np.where(known, mixed, r)
+            r = np.where(weight[b] > 0, mixed, r)
         return r, v
 
-    def _value(self, slots: NDArray[np.int64], stream: str | None = None) -> NDArray[np.float64]:
+    def _value(
+        self,
+        slots: NDArray[np.int64],
+        stream: str | None = None,
+        bins: NDArray[np.int64] | None = None,
+    ) -> NDArray[np.float64]:
         """``g + mu c``: the part of the excess value that differs between tokens."""
-        r, v = self._estimate(slots, stream)
+        r, v = self._estimate(slots, stream, bins)
         return excess_value(r, v, 0.0, self._cfg)
 
     # ------------------------------------------------------------- CacheEvict

@@ -25,6 +25,7 @@ from kvpolicy.evict.quality._model import CausalLM
 from kvpolicy.kvmodel import EvictionPolicy
 
 __all__ = [
+    "KEY_DEFAULTS",
     "ROW_KEY",
     "TASKS",
     "append_row",
@@ -45,7 +46,8 @@ ROW_KEY = ("task", "text", "tokens", "policy", "budget", "predictor", "streams",
 ``streams`` (kvpress's, and rows written before per-head streams) counts as ``"layer"``,
 one without ``signal`` (kvpress's, and rows written before it) as ``"attention"``."""
 
-_KEY_DEFAULTS = {"streams": "layer", "signal": "attention"}
+KEY_DEFAULTS = {"streams": "layer", "signal": "attention"}
+"""What a row without ``streams`` or ``signal`` counts as (see :data:`ROW_KEY`)."""
 
 
 def row_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -54,8 +56,8 @@ def row_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(
         round(row[k], 6)
         if k == "budget"
-        else row.get(k, _KEY_DEFAULTS[k])
-        if k in _KEY_DEFAULTS
+        else row.get(k, KEY_DEFAULTS[k])
+        if k in KEY_DEFAULTS
         else row[k]
         for k in ROW_KEY
     )
@@ -148,15 +150,17 @@ def result_row(
 
 
 def _plan(
-    policy: str, budget: float, n: int
-) -> tuple[Callable[[], EvictionPolicy] | None, int, float]:
+    policy: str, budget: float, n: int, streams: str, signal: str
+) -> tuple[Callable[[], EvictionPolicy] | None, int, float, str, str]:
     """(a factory of fresh policies or None for the full cache, tokens kept, the budget
-    reported) for ``policy`` at ``budget`` of ``n`` tokens."""
+    reported, streams, signal) for ``policy`` at ``budget`` of ``n`` tokens; the full cache
+    runs at budget 1.0 with the defaults of :data:`ROW_KEY` (one stream per layer,
+    attention)."""
     factory = policy_factory(policy)
     if factory is None:
-        return None, n, 1.0
+        return None, n, 1.0, KEY_DEFAULTS["streams"], KEY_DEFAULTS["signal"]
     k = budget_tokens(budget, n)
-    return (lambda: factory(k)), k, budget
+    return (lambda: factory(k)), k, budget, streams, signal
 
 
 def decode_row(
@@ -181,9 +185,7 @@ def decode_row(
     :func:`~kvpolicy.evict.quality.decode_perplexity`'s.
     """
     n = len(input_ids)
-    make, k, budget = _plan(policy, budget, n)
-    streams = streams if make is not None else "layer"
-    signal = signal if make is not None else "attention"
+    make, k, budget, streams, signal = _plan(policy, budget, n, streams, signal)
     r = decode_perplexity(
         lm,
         input_ids,
@@ -231,9 +233,7 @@ def decode_rows(
 
     batch = torch.stack([torch.as_tensor(i, dtype=torch.long) for i in input_ids])
     n = int(batch.shape[1])
-    make, k, budget = _plan(policy, budget, n)
-    streams = streams if make is not None else "layer"
-    signal = signal if make is not None else "attention"
+    make, k, budget, streams, signal = _plan(policy, budget, n, streams, signal)
     results = decode_batch(
         lm,
         batch,

@@ -37,9 +37,7 @@ TRAINING_LICENSES = (
 
 def default_text() -> str:
     """The default evaluation text: Python's pydoc topics (``pydoc_data.topics``), in key order."""
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[k] for k in sorted(topics))
+    return _topics(reverse=False)
 
 
 EVAL_TEXTS: dict[str, str] = {
@@ -67,35 +65,30 @@ def eval_text(name: str) -> tuple[str, str]:
         ValueError: unknown name (the message lists the known ones).
         FileNotFoundError: the file is not on this machine.
     """
-    if name == "tune-license":
-        path = LICENSES_DIR / "GPL-2"
+    import argparse
+    import typing
+
+    if name in ("license", "tune-license"):
+        path = gpl3_path() if name == "license" else LICENSES_DIR / "GPL-2"
         if not path.is_file():
-            raise FileNotFoundError(f"'text' tune-license needs {path} (Debian's common-licenses)")
+            raise FileNotFoundError(f"'text' {name} needs {path} (Debian's common-licenses)")
         return path.read_text(errors="replace"), str(path)
-    if name == "tune-code":
-        import typing
-
-        path = pathlib.Path(typing.__file__)
-        return path.read_text(errors="replace"), f"{path.name} of Python's standard library"
-    if name == "tune-docs":
-        from pydoc_data.topics import topics
-
-        text = "\n\n".join(topics[k] for k in sorted(topics, reverse=True))
-        return text, "pydoc_data.topics, reverse key order"
-    if name == "license":
-        path = gpl3_path()
-        if not path.is_file():
-            raise FileNotFoundError(f"'text' license needs {path} (Debian's common-licenses)")
-        return path.read_text(errors="replace"), str(path)
-    if name == "code":
-        import argparse
-
-        path = pathlib.Path(argparse.__file__)
+    if name in ("code", "tune-code"):
+        path = pathlib.Path(argparse.__file__ if name == "code" else typing.__file__)
         return path.read_text(errors="replace"), f"{path.name} of Python's standard library"
     if name == "docs":
         return default_text(), "pydoc_data.topics"
+    if name == "tune-docs":
+        return _topics(reverse=True), "pydoc_data.topics, reverse key order"
     known = ", ".join([*EVAL_TEXTS, *TUNING_TEXTS])
     raise ValueError(f"'text' must be one of {known}: {name!r}")
+
+
+def _topics(*, reverse: bool) -> str:
+    """Python's pydoc topics joined in key order (or its reverse)."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics, reverse=reverse))
 
 
 def gpl3_path() -> pathlib.Path:

@@ -172,14 +172,15 @@ def _check(
 def _find(rows: Sequence[Mapping[str, Any]], want: Mapping[str, Any]) -> Mapping[str, Any]:
     """The first ``ppl`` row whose fields equal ``want``'s (``streams`` and ``signal``
     default as in ``_runs.row_key``; budgets compared to 6 places)."""
-    defaults = {"streams": "layer", "signal": "attention"}
+    from kvpolicy.evict.quality._runs import KEY_DEFAULTS
+
     for r in rows:
         if r.get("task") != "ppl":
             continue
         if all(
             round(r.get(k, 0.0), 6) == round(v, 6)
             if k == "budget"
-            else r.get(k, defaults.get(k)) == v
+            else r.get(k, KEY_DEFAULTS.get(k)) == v
             for k, v in want.items()
         ):
             return r
