@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -145,3 +146,28 @@ class TestAttentionStatistics:
         assert s["sink_mass_first_4"] - s["sink_mass_first_token"] < 0.01
         assert s["decay_exponent"] == pytest.approx(0.81, abs=0.05)
         assert math.isfinite(s["per_query_top_10pct_mass"])
+
+
+class TestOracleLookup:
+    def test_lookup_rows_with_accuracy(self, lm: CausalLM, tmp_path: pathlib.Path) -> None:
+        """``python -m kvpolicy.evict.quality.oracle --task lookup`` scores the oracle on the
+        key-value lookup prompts of ``kvpolicy evict eval --task lookup``, resumably."""
+        from kvpolicy.evict.quality._runs import read_rows
+        from kvpolicy.evict.quality.oracle import main
+
+        if not gpl3_path().exists():
+            pytest.skip(f"{gpl3_path()} is absent on this machine")
+        out = tmp_path / "rows.jsonl"
+        argv = ["--task", "lookup", "--tokens", "256", "--budget", "0.5", "--text", "license"]
+        argv += ["--policy", "oracle:window=256", "--out", str(out)]
+        assert main(argv) == 0
+        [row] = read_rows(out)
+        assert (row["task"], row["policy"], row["budget_tokens"]) == (
+            "lookup",
+            "oracle:window=256",
+            128,
+        )
+        assert 0.0 <= row["accuracy"] <= 1.0
+        assert row["max_resident"] == 128
+        assert main(argv) == 0  # resumed: nothing left to run
+        assert len(read_rows(out)) == 1

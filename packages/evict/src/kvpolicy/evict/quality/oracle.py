@@ -184,7 +184,9 @@ def _oracle_factories(
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``--policy`` oracle labels, ``--budget`` fractions, ``--text`` names,
-    ``--tokens``, ``--out`` (JSON lines, appended; finished rows skipped)."""
+    ``--tokens``, ``--task`` (``ppl``, or ``lookup``: the key-value lookup prompts of
+    ``kvpolicy evict eval --task lookup``, whose full-cache pass includes the questions),
+    ``--out`` (JSON lines, appended; finished rows skipped)."""
     parser = argparse.ArgumentParser(prog="python -m kvpolicy.evict.quality.oracle")
     parser.add_argument(
         "--policy", default="oracle:window=64,token-pd:keep_rule=false:memory=32:oracle-returns"
@@ -192,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", default="0.125,0.25,0.5")
     parser.add_argument("--text", default=",".join(EVAL_TEXTS))
     parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--task", choices=("ppl", "lookup"), default="ppl")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args(argv)
     labels = [p.strip() for p in args.policy.split(",") if p.strip()]
@@ -201,13 +204,20 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     lm = load_smollm2()
     done = {row_key(r) for r in read_rows(args.out)}
-    encoded = [lm.encode(eval_text(t)[0], args.tokens) for t in texts]
+    lookups: list[Any] = [None] * len(texts)
+    if args.task == "lookup":
+        from kvpolicy.evict.quality._lookup import build_lookup
+
+        lookups = [build_lookup(lm.tokenizer, eval_text(t)[0], args.tokens) for t in texts]
+        encoded = [task.input_ids for task in lookups]
+    else:
+        encoded = [lm.encode(eval_text(t)[0], args.tokens) for t in texts]
     cums: list[NDArray[np.float32]] | None = None
     for label in labels:
         for b in budgets:
             keys = [
                 {
-                    "task": "ppl",
+                    "task": args.task,
                     "text": t,
                     "tokens": args.tokens,
                     "policy": label,
@@ -234,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             else:
                 results = decode_batch(lm, torch.stack(encoded), makers, k, predictor)
-            for text, r in zip(texts, results, strict=True):
+            for text, lookup, r in zip(texts, lookups, results, strict=True):
                 row = result_row(
-                    task="ppl",
+                    task=args.task,
                     text=text,
                     tokens=args.tokens,
                     policy=label,
@@ -244,10 +254,15 @@ def main(argv: list[str] | None = None) -> int:
                     kept=k,
                     predictor="oracle",
                     result=r,
+                    lookup=lookup,
                     extra={"batch": len(texts)},
                 )
                 append_row(args.out, row)
-                print(f"{text} {label} {b}: perplexity {r.perplexity:.3f}", flush=True)
+                print(
+                    f"{text} {label} {b}: perplexity {r.perplexity:.3f}"
+                    + (f" accuracy {row['accuracy']}" if lookup is not None else ""),
+                    flush=True,
+                )
     return 0
 
 
