@@ -8,13 +8,16 @@ import numpy as np
 import pytest
 import torch
 
+from kvpolicy.evict import TokenPDConfig
 from kvpolicy.evict.quality import CausalLM, decode_batch, decode_perplexity
 from kvpolicy.evict.quality._record import mean_attention
 from kvpolicy.evict.quality.oracle import (
+    CopySourceOracle,
     FutureAttentionOracle,
     RealisedReturns,
     _oracle_factories,
     future_attention,
+    next_occurrence,
 )
 
 from .test_quality import make_peaked_lm
@@ -112,3 +115,44 @@ def test_pooled_label(peaked_lm: CausalLM, ids: torch.Tensor) -> None:
     assert makers[0]().__class__.__name__ == "TokenPDPolicy"
     with pytest.raises(ValueError, match="not the full cache"):
         _oracle_factories("pooled:full", [None], 6, 2)  # type: ignore[list-item]
+
+
+def test_next_occurrence() -> None:
+    """The position of each id's next occurrence, n when there is none."""
+    assert next_occurrence([3, 1, 3, 2, 1, 3]).tolist() == [2, 4, 5, 6, 6, 6]
+
+
+def test_copy_oracle_favours_the_sources_of_copies_to_come() -> None:
+    """The bonus goes to the latest occurrence of an id the text repeats within the
+    horizon, not to one repeated later or never, nor to an older occurrence."""
+    text = [5, 6, 7, 5, 8, 9, 9, 6, 7]  # at t=4: 5 and 8 are never repeated, 6 at 7, 7 at 8
+    cfg = TokenPDConfig(keep_rule=False, prior_weight=0.0)
+    oracle = CopySourceOracle(cfg, text, horizon=3, bonus=5.0)
+    for t in range(5):
+        oracle.insert("layer0", np.array([t]))
+        oracle.tokens("layer0", np.array([t]), [text[t]])
+        held = oracle.resident_positions("layer0")
+        oracle.observe("layer0", held, np.full(len(held), 1.0 / len(held)))
+    keys = oracle.excess_values("layer0", np.arange(5))
+    # Position 1 (id 6, repeated at 7 = 4 + 3) has the bonus; 2 (id 7, at 8 > 4 + 3) not.
+    assert keys[1] > max(keys[0], keys[2], keys[3], keys[4])
+    with pytest.raises(ValueError, match="'horizon'"):
+        CopySourceOracle(cfg, text, horizon=0)
+    with pytest.raises(ValueError, match="'bonus'"):
+        CopySourceOracle(cfg, text, horizon=3, bonus=0.0)
+
+
+def test_copy_oracle_label_decodes(peaked_lm: CausalLM, ids: torch.Tensor) -> None:
+    """``token-pd:...:copy-oracle=H`` builds one oracle per text from its ids and holds
+    the budget in the harness."""
+    label = "token-pd:keep_rule=false:copy_bonus=2:copy-oracle=16"
+    makers, predictor = _oracle_factories(label, [], 8, encoded=[ids])
+    assert predictor is not None
+    policy = makers[0]()
+    assert isinstance(policy, CopySourceOracle)
+    [row] = decode_batch(peaked_lm, ids[None], makers, 8, predictor)
+    assert row.max_resident == 8
+    with pytest.raises(ValueError, match="needs the texts' token ids"):
+        _oracle_factories(label, [], 8)
+    with pytest.raises(ValueError, match="copy-oracle=H needs an int"):
+        _oracle_factories("token-pd:copy-oracle=x", [], 8, encoded=[ids])

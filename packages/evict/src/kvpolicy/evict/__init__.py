@@ -4,7 +4,9 @@ Token policies (FIFO, LRU, H2O, sink+window, Token-PD of seed 000) implement kvm
 ``EvictionPolicy`` over one budget shared by every stream on a GPU; preemption orders
 (least-progressed-first, last-in-first-out, priority-aware, cost-aware) implement
 ``PreemptionPolicy``. Policies compose: ``Periodic`` gives one a cadence, ``Protected``
-sinks and a recent window, ``Composed`` runs several in successive rounds.
+sinks and a recent window, ``Composed`` runs several in successive rounds. A policy that
+wants the token ids (``ContentAware``: Token-PD's ``copy_bonus`` keeps the latest occurrence
+of each content, the source of later copies) gets them after each insert.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from kvpolicy.evict.__about__ import __version__
 from kvpolicy.evict._baselines import FIFOPolicy, H2OPolicy, LRUPolicy, SinkWindowPolicy
 from kvpolicy.evict._compose import Composed, Discarding, compose
+from kvpolicy.evict._content import ContentAware, LatestOccurrences
 from kvpolicy.evict._errors import EvictError
 from kvpolicy.evict._knapsack import (
     KnapsackRun,
@@ -34,6 +37,7 @@ from kvpolicy.evict._wrappers import Periodic, Protected, default_policies
 __all__ = [
     "PROTECTED_OFFSET",
     "Composed",
+    "ContentAware",
     "CostAware",
     "Discarding",
     "EvictError",
@@ -42,6 +46,7 @@ __all__ = [
     "KnapsackRun",
     "LRUPolicy",
     "LastInFirstOut",
+    "LatestOccurrences",
     "LeastProgressedFirst",
     "Periodic",
     "PriorityAware",

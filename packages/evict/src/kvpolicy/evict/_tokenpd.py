@@ -24,9 +24,10 @@ from typing import Any
 import attrs
 import numpy as np
 from attrs import field, frozen
-from attrs.validators import ge, gt, instance_of, optional
+from attrs.validators import ge, gt, instance_of, le, optional
 from numpy.typing import NDArray
 
+from kvpolicy.evict._content import LatestOccurrences
 from kvpolicy.evict._kernels import signals_from_logits
 from kvpolicy.evict._scored import ScoredPolicy
 from kvpolicy.evict._table import check_budget
@@ -42,7 +43,7 @@ __all__ = [
 ]
 
 _MAX_EXPONENT = 20.0
-_COLUMNS = ("prior_r", "prior_v", "count", "mean", "m2")
+_COLUMNS = ("prior_r", "prior_v", "count", "mean", "m2", "latest")
 _AGE_BINS = 32
 """Age bins of the age profile: ages 0, 1, 2-3, 4-7, ... (``bit_length`` of the age)."""
 _AGE_RATE = 1.0 / 16.0
@@ -154,6 +155,24 @@ class TokenPDConfig:
     age (in powers of two) receives in that stream, learned online from every
     observation: a prior that says how attention fades with age in this layer, which the
     token's own observations then correct."""
+    copy_bonus: float = _float_field(0.0, ge(0.0))
+    """Value added to a token while it is the latest occurrence of its content in its
+    stream, in units of the even share ``1/n`` of the stream's ``n`` resident tokens (0:
+    not used; not in seed 000). A model copies a token it has seen before from that
+    earlier occurrence, often hundreds of tokens later and after little attention in
+    between, which no score of past attention foresees; the latest occurrence of each
+    content is the one copy source that is certain to stay useful, and older duplicates are
+    not needed for it. Needs the token ids (:meth:`TokenPDPolicy.tokens`); without them it
+    changes nothing."""
+    copy_context: int = field(default=1, validator=[instance_of(int), ge(1), le(4)])
+    """Tokens that make a token's *content* for ``copy_bonus``: 1, its own id; 2, its id
+    and the id before it (the pair an induction head matches: it attends to the token that
+    followed an earlier occurrence of the current one); up to 4."""
+    copy_min_count: int = field(default=1, validator=[instance_of(int), ge(1)])
+    """Occurrences a content must have had in its stream, the latest included, before its
+    latest occurrence takes ``copy_bonus``: 1, every content; 2, contents that have
+    already repeated (a token that has been copied once is likely to be copied again, and
+    far fewer tokens qualify, so the bonus costs less of the budget)."""
 
 
 def excess_value(
@@ -223,6 +242,8 @@ class TokenPDPolicy(ScoredPolicy):
         # decayed count of tokens behind it; the stream being observed, for `observed`.
         self._profiles: dict[str, tuple[NDArray[np.float64], NDArray[np.float64]]] = {}
         self._observing: str | None = None
+        # The latest occurrence of each content per stream (copy_bonus; `tokens`).
+        self._occurrences = LatestOccurrences(cfg.copy_context)
         # Per token: predicted return and risk, and Welford's count, mean and sum of
         # squared deviations of the realised returns.
         for name in _COLUMNS:
@@ -270,9 +291,47 @@ class TokenPDPolicy(ScoredPolicy):
             self._observing = None
 
     def remove(self, stream: str) -> None:
-        """Forget a finished or preempted stream, its tokens and its age profile."""
+        """Forget a finished or preempted stream, its tokens, its age profile and the
+        contents it has seen."""
         super().remove(stream)
         self._profiles.pop(stream, None)
+        self._occurrences.remove(stream)
+
+    def tokens(
+        self, stream: str, positions: NDArray[np.int64], token_ids: NDArray[np.int64]
+    ) -> None:
+        """The token ids at resident ``positions`` of ``stream`` (``copy_bonus``), given
+        once per token right after :meth:`insert`, in position order (kvpolicy-evict's
+        ``ContentAware``).
+
+        Each token becomes the latest occurrence of its content (its id and the
+        ``copy_context - 1`` ids before it in the stream) and takes the bonus once the
+        content has occurred ``copy_min_count`` times; the occurrence it replaces, when
+        still resident, loses it.
+
+        Args:
+            stream: stream id.
+            positions: (n,) int64 resident positions, ascending, after every position
+                given before for ``stream``.
+            token_ids: (n,) int64 token ids (or any non-negative content ids) at them.
+
+        Raises:
+            TypeError: ``stream`` not a str, positions or ids not integers.
+            ValueError: lengths differ, a negative id, a position not resident, or
+                positions not ascending after the last ones given. Nothing changes then.
+        """
+        pos, ids = self._occurrences.check(stream, positions, token_ids)
+        slots = self.table.lookup(stream, pos)
+        replaced, counts = self._occurrences.add(stream, pos, ids)
+        latest = self.table.column("latest")
+        latest[slots] = (counts >= self._cfg.copy_min_count).astype(np.float64)
+        if replaced.size:
+            held = replaced[np.isin(replaced, self.table.resident_positions(stream))]
+            faded = self.table.lookup(stream, held)
+            latest[faded] = 0.0
+            slots = np.union1d(slots, faded)
+        if self._cfg.copy_bonus and slots.size:
+            self.table.set_keys(slots, self._value(slots, stream))
 
     def estimates(
         self, stream: str, positions: NDArray[np.int64]
@@ -281,9 +340,10 @@ class TokenPDPolicy(ScoredPolicy):
         return self._estimate(self.table.lookup(stream, positions), stream)
 
     def excess_values(self, stream: str, positions: NDArray[np.int64]) -> NDArray[np.float64]:
-        """(n,) float64 excess values ``g`` at the current price (0 before it is set)."""
-        r, v = self.estimates(stream, positions)
-        return excess_value(r, v, self._price or 0.0, self._cfg)
+        """(n,) float64 excess values ``g`` at the current price (0 before it is set),
+        with the ``copy_bonus`` of the latest occurrences."""
+        slots = self.table.lookup(stream, positions)
+        return self._value(slots, stream) - (self._price or 0.0) * self._cfg.token_cost
 
     def insert_logits(
         self,
@@ -340,6 +400,7 @@ class TokenPDPolicy(ScoredPolicy):
         col("count")[slots] = 0.0
         col("mean")[slots] = 0.0
         col("m2")[slots] = 0.0
+        col("latest")[slots] = 0.0
         return self._value(slots)
 
     def observed(self, slots: NDArray[np.int64], attention: NDArray[np.float64]) -> None:
@@ -424,9 +485,15 @@ class TokenPDPolicy(ScoredPolicy):
         stream: str | None = None,
         bins: NDArray[np.int64] | None = None,
     ) -> NDArray[np.float64]:
-        """``g + mu c``: the part of the excess value that differs between tokens."""
+        """``g + mu c``: the part of the excess value that differs between tokens (with
+        the ``copy_bonus`` of the latest occurrences when ``stream`` is known)."""
         r, v = self._estimate(slots, stream, bins)
-        return excess_value(r, v, 0.0, self._cfg)
+        g = excess_value(r, v, 0.0, self._cfg)
+        bonus = self._cfg.copy_bonus
+        if bonus and stream is not None:
+            share = bonus / max(self.table.stream_tokens(stream), 1)
+            g = g + share * self.table.column("latest")[slots]
+        return g
 
     # ------------------------------------------------------------- CacheEvict
     def evict(self, budget_tokens: int) -> Mapping[str, NDArray[np.int64]]:

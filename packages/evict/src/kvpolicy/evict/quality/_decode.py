@@ -20,7 +20,8 @@ One step for token ``t`` (all layers)::
 
     forward(ids[t], position t)  ->  logits (V,), attention per layer (H, resident + 1)
     NLL of ids[t + 1]
-    insert(layer, [t], signals)   observe(layer, resident, attention)   evict(budget)
+    insert(layer, [t], signals)   [tokens(layer, [t], ids[t])]
+    observe(layer, resident, attention)   evict(budget)
     drop the evicted positions from that layer's keys and values
 """
 
@@ -30,13 +31,14 @@ import inspect
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 from attrs import field, frozen
 from attrs.validators import ge, instance_of
 from numpy.typing import NDArray
 
+from kvpolicy.evict._content import ContentAware
 from kvpolicy.evict._returns import ReturnPredictor
 from kvpolicy.evict.predictors import CompactReturnPredictor, compact_features
 from kvpolicy.evict.quality._model import CausalLM
@@ -344,6 +346,10 @@ def _decode(
     ]
     nll = np.empty((rows, n - 1), dtype=np.float64)
     correct = np.zeros((rows, n - 1), dtype=bool)
+    # A policy that wants token ids (ContentAware, Token-PD's copy_bonus) gets each
+    # token's id right after its insert.
+    tagged = policies is not None and isinstance(policies[0][0], ContentAware)
+    id_rows = ids.numpy()
     max_resident = 0
     resident_sum = 0
     outside = 0.0
@@ -395,7 +401,15 @@ def _decode(
                 pos = np.array([t], dtype=np.int64)
                 if pooled:
                     held_max = _pooled_step(
-                        policies[0][0], resident[0], att, signals, pos, names, budget_tokens, cache
+                        policies[0][0],
+                        resident[0],
+                        att,
+                        signals,
+                        pos,
+                        names,
+                        budget_tokens,
+                        cache,
+                        id_rows[0, t : t + 1] if tagged else None,
                     )
                     max_resident = max(max_resident, held_max)
                     resident_sum += sum(len(r[0]) for r in resident[0])
@@ -410,6 +424,9 @@ def _decode(
                             policy.insert(
                                 stream, pos, None if signals is None else signals[r : r + 1]
                             )
+                            if tagged:
+                                tag = cast(ContentAware, policy)
+                                tag.tokens(stream, pos, id_rows[r, t : t + 1])
                             policy.observe(stream, held_now, att[layer][r, s])
                             evicted = policy.evict(budget_tokens).get(stream)
                             keep = np.ones(len(held_now), dtype=bool)
@@ -456,13 +473,17 @@ def _pooled_step(
     names: list[list[str]],
     budget_tokens: int,
     cache: Any,
+    token_ids: NDArray[np.int64] | None = None,
 ) -> int:
-    """One step of one text under one policy for every layer (``pooled``): insert and
-    observe each layer, evict once to ``budget_tokens`` per layer on average, cut each
-    layer's cache; the largest layer's count."""
+    """One step of one text under one policy for every layer (``pooled``): insert (and
+    give the ``token_ids`` of a ContentAware policy) and observe each layer, evict once
+    to ``budget_tokens`` per layer on average, cut each layer's cache; the largest
+    layer's count."""
     layers = len(resident)
     for layer in range(layers):
         policy.insert(names[layer][0], pos, None if signals is None else signals[0:1])
+        if token_ids is not None:
+            cast(ContentAware, policy).tokens(names[layer][0], pos, token_ids)
         policy.observe(names[layer][0], resident[layer][0], att[layer][0, 0])
     evicted = policy.evict(budget_tokens * layers)
     for layer in range(layers):

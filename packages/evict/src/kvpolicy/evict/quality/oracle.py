@@ -20,11 +20,18 @@ same decoding loop, budget and rows as ``kvpolicy evict eval``
   attention the next ``horizon`` queries give a token, over layers and heads, as
   ``record_returns`` measures for training): a predictor with rank correlation 1. It
   tests the seed's claim that the predicted returns are what make Token-PD win.
+- ``token-pd:...:copy-oracle=H`` (with Token-PD's parameters, ``copy_bonus`` its bonus,
+  1 when unset): Token-PD whose copy bonus goes, knowing the text, to exactly the latest
+  occurrences of the token ids that the text repeats within the next ``H`` tokens
+  (:class:`CopySourceOracle`): every copy source to be used is kept as far as the bonus
+  and the budget allow, and no other. It tests how much of what Token-PD loses to a
+  window is the copied tokens themselves.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import pathlib
 import sys
 from collections.abc import Callable, Mapping
@@ -33,6 +40,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kvpolicy.evict._tokenpd import TokenPDConfig, TokenPDPolicy
 from kvpolicy.evict.quality._decode import decode_batch
 from kvpolicy.evict.quality._eval import budget_tokens, cli_texts_and_budgets, policy_factory
 from kvpolicy.evict.quality._model import CausalLM, load_smollm2
@@ -41,7 +49,14 @@ from kvpolicy.evict.quality._runs import append_row, read_rows, result_row, row_
 from kvpolicy.evict.quality._texts import EVAL_TEXTS, eval_text
 from kvpolicy.kvmodel import EvictionPolicy
 
-__all__ = ["FutureAttentionOracle", "RealisedReturns", "future_attention", "main"]
+__all__ = [
+    "CopySourceOracle",
+    "FutureAttentionOracle",
+    "RealisedReturns",
+    "future_attention",
+    "main",
+    "next_occurrence",
+]
 
 
 def future_attention(lm: CausalLM, input_ids: Any) -> NDArray[np.float32]:
@@ -124,6 +139,74 @@ class FutureAttentionOracle:
         return sum(len(v) for v in self._streams.values())
 
 
+def next_occurrence(token_ids: Any) -> NDArray[np.int64]:
+    """(n,) int64 position of the next occurrence of each token's id after it (``n`` when
+    none), for (n,) integer ``token_ids``."""
+    ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+    n = ids.size
+    out = np.full(n, n, dtype=np.int64)
+    seen: dict[int, int] = {}
+    for p in range(n - 1, -1, -1):
+        tok = int(ids[p])
+        out[p] = seen.get(tok, n)
+        seen[tok] = p
+    return out
+
+
+class CopySourceOracle(TokenPDPolicy):
+    """Token-PD whose copy bonus knows which copies are coming.
+
+    At each step the bonus (``bonus`` times the even share ``1/n`` of the stream's ``n``
+    tokens, as ``TokenPDConfig.copy_bonus``) goes to the tokens that are the latest
+    occurrence of their id so far *and* whose id the text repeats within the next
+    ``horizon`` tokens: the sources of the copies to come, and nothing else. Every stream
+    of one instance decodes the same text (the quality harness builds one per layer).
+
+    Raises:
+        ValueError: ``horizon`` < 1, or ``bonus`` not finite and > 0.
+    """
+
+    def __init__(
+        self, config: TokenPDConfig, token_ids: Any, horizon: int, bonus: float = 1.0
+    ) -> None:
+        """See the class docstring; ``config``'s own ``copy_bonus`` is not used."""
+        if not isinstance(horizon, int) or horizon < 1:
+            raise ValueError(f"'horizon' must be an int >= 1: {horizon!r}")
+        if not (math.isfinite(bonus) and bonus > 0):
+            raise ValueError(f"'bonus' must be finite and > 0: {bonus!r}")
+        import attrs
+
+        super().__init__(attrs.evolve(config, copy_bonus=0.0))
+        self._next = next_occurrence(token_ids)
+        self._horizon = horizon
+        self._bonus = float(bonus)
+        self._now = -1
+
+    def insert(
+        self,
+        stream: str,
+        positions: NDArray[np.int64],
+        signals: NDArray[np.float64] | None = None,
+    ) -> None:
+        """:meth:`TokenPDPolicy.insert`; the newest position is the present."""
+        super().insert(stream, positions, signals)
+        self._now = max(self._now, int(np.max(positions)))
+
+    def _value(
+        self,
+        slots: NDArray[np.int64],
+        stream: str | None = None,
+        bins: NDArray[np.int64] | None = None,
+    ) -> NDArray[np.float64]:
+        g = super()._value(slots, stream, bins)
+        if stream is None:
+            return g
+        nxt = self._next[self.table.positions_of(slots)]
+        soon = (nxt > self._now) & (nxt <= self._now + self._horizon)
+        share = self._bonus / max(self.table.stream_tokens(stream), 1)
+        return g + share * soon
+
+
 class RealisedReturns:
     """A return predictor that knows the answer: seed 000's realised return of each token
     (mean attention from the next ``horizon`` queries, over layers and heads, in the
@@ -153,10 +236,30 @@ class RealisedReturns:
 
 
 def _oracle_factories(
-    label: str, cums: list[NDArray[np.float32]], k: int, layers: int = 0
+    label: str,
+    cums: list[NDArray[np.float32]],
+    k: int,
+    layers: int = 0,
+    encoded: list[Any] | None = None,
 ) -> tuple[list[Callable[[], EvictionPolicy]], Any]:
     """Per-text policy factories and the predictor of an oracle ``label`` (``pooled:``
-    labels need ``layers`` and no ``cums`` but one entry per text)."""
+    labels need ``layers`` and no ``cums`` but one entry per text; ``copy-oracle`` labels
+    need the ``encoded`` token ids of each text)."""
+    if label.startswith("token-pd") and ":copy-oracle=" in label:
+        base_label, _, raw = label.rpartition(":copy-oracle=")
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"'policy' copy-oracle=H needs an int H >= 1: {label!r}")
+        if encoded is None:
+            raise ValueError(f"'policy' {label!r} needs the texts' token ids")
+        factory = policy_factory(base_label)
+        assert factory is not None
+        config = factory(k).config  # type: ignore[attr-defined]
+        bonus = config.copy_bonus or 1.0
+        from kvpolicy.evict.predictors import default_compact
+
+        return [
+            (lambda e=e: CopySourceOracle(config, np.asarray(e), int(raw), bonus)) for e in encoded
+        ], default_compact()
     if label.startswith("oracle:window="):
         window = int(label.split("=", 1)[1])
         return [
@@ -177,7 +280,8 @@ def _oracle_factories(
         assert factory is not None
         return [lambda: factory(k) for _ in cums], RealisedReturns(cums)
     raise ValueError(
-        f"'policy' must be 'oracle:window=W' or 'token-pd[:param=value...]:oracle-returns': "
+        "'policy' must be 'oracle:window=W', 'pooled:<policy>', "
+        "'token-pd[:param=value...]:oracle-returns' or 'token-pd[:param=value...]:copy-oracle=H': "
         f"{label!r}"
     )
 
@@ -234,9 +338,10 @@ def main(argv: list[str] | None = None) -> int:
                 placeholders: list[Any] = [None] * len(encoded)
                 makers, predictor = _oracle_factories(label, placeholders, k, lm.num_layers)
             else:
-                if cums is None:  # one full-cache pass per text, shared by every run
+                if cums is None and ":copy-oracle=" not in label:
+                    # one full-cache pass per text, shared by every run
                     cums = [future_attention(lm, ids) for ids in encoded]
-                makers, predictor = _oracle_factories(label, cums, k)
+                makers, predictor = _oracle_factories(label, cums or [], k, encoded=encoded)
             if label.startswith("pooled:"):  # layers differ in count: one text at a time
                 results = [
                     decode_batch(lm, ids[None], [make], k, predictor, pooled=True)[0]
