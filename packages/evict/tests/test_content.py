@@ -109,6 +109,7 @@ class TestCopyBonus:
         """Token-PD implements ContentAware and takes copy_bonus from a label's params."""
         policy = build(EVICTION, "token-pd", {"copy_bonus": 1.0, "copy_context": 2})
         assert isinstance(policy, ContentAware)
+        assert isinstance(policy, TokenPDPolicy)
         assert policy.config.copy_bonus == 1.0
         assert policy.config.copy_context == 2
 

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
+from numpy.typing import ArrayLike
 
 from kvpolicy.evict import TokenPDConfig, TokenPDPolicy
-from kvpolicy.evict.quality import decode_batch, decode_perplexity, policy_factory
+from kvpolicy.evict.quality import CausalLM, decode_batch, decode_perplexity, policy_factory
 
 from .test_quality import make_peaked_lm
 
@@ -22,7 +25,7 @@ class _Spy(TokenPDPolicy):
         super().__init__(TokenPDConfig(keep_rule=False, memory=8, copy_bonus=2.0))
         self.seen: dict[str, list[tuple[int, int]]] = {}
 
-    def tokens(self, stream: str, positions: np.ndarray, token_ids: np.ndarray) -> None:
+    def tokens(self, stream: str, positions: np.ndarray, token_ids: ArrayLike) -> None:
         super().tokens(stream, positions, token_ids)
         self.seen.setdefault(stream, []).extend(
             zip(positions.tolist(), np.asarray(token_ids).tolist(), strict=True)
@@ -30,7 +33,7 @@ class _Spy(TokenPDPolicy):
 
 
 @pytest.fixture(scope="module")
-def lm():  # type: ignore[no-untyped-def]
+def lm() -> CausalLM:
     return make_peaked_lm(2)
 
 
@@ -44,8 +47,8 @@ def ids() -> torch.Tensor:
 class TestTokenIdsReachThePolicy:
     @pytest.mark.parametrize("streams", ["layer", "kv-head"])
     def test_every_stream_gets_every_token_id_in_order(
-        self, lm, ids: torch.Tensor, streams: str
-    ) -> None:  # type: ignore[no-untyped-def]
+        self, lm: CausalLM, ids: torch.Tensor, streams: str
+    ) -> None:
         """Each stream of each text is told the id at every position it decodes."""
         spies: list[_Spy] = []
 
@@ -61,7 +64,7 @@ class TestTokenIdsReachThePolicy:
                 assert len(spy.seen) == 1
                 assert next(iter(spy.seen.values())) == expect
 
-    def test_pooled_gives_every_layer_the_ids(self, lm, ids: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
+    def test_pooled_gives_every_layer_the_ids(self, lm: CausalLM, ids: torch.Tensor) -> None:
         """One pooled policy is told the ids of each layer's stream."""
         spy = _Spy()
         decode_batch(lm, ids[:1], [lambda: spy], 10, pooled=True)
@@ -69,7 +72,7 @@ class TestTokenIdsReachThePolicy:
         assert sorted(spy.seen) == ["layer0", "layer1"]
         assert all(seen == expect for seen in spy.seen.values())
 
-    def test_the_bonus_changes_what_is_kept(self, lm, ids: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
+    def test_the_bonus_changes_what_is_kept(self, lm: CausalLM, ids: torch.Tensor) -> None:
         """The same label with and without copy_bonus keeps different tokens (so a
         different perplexity), within the same budget."""
         out = {}
@@ -79,7 +82,7 @@ class TestTokenIdsReachThePolicy:
         ):
             factory = policy_factory(label)
             assert factory is not None
-            out[label] = decode_perplexity(lm, ids[0], lambda f=factory: f(8), 8)
+            out[label] = decode_perplexity(lm, ids[0], partial(factory, 8), 8)
         plain, copy = out.values()
         assert plain.max_resident == copy.max_resident == 8
         assert plain.perplexity != copy.perplexity

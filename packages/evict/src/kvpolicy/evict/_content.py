@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from kvpolicy.evict._table import _as_positions
 
@@ -30,9 +30,7 @@ __all__ = ["ContentAware", "LatestOccurrences", "as_token_ids"]
 class ContentAware(Protocol):
     """Optional for an eviction policy: it wants the token ids of the tokens it holds."""
 
-    def tokens(
-        self, stream: str, positions: NDArray[np.int64], token_ids: NDArray[np.int64]
-    ) -> None:
+    def tokens(self, stream: str, positions: NDArray[np.int64], token_ids: ArrayLike) -> None:
         """The token ids at resident ``positions`` of ``stream``, given once per token
         right after :meth:`insert`, in position order.
 

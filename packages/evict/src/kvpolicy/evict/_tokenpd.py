@@ -25,7 +25,7 @@ import attrs
 import numpy as np
 from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of, le, optional
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from kvpolicy.evict._content import LatestOccurrences
 from kvpolicy.evict._kernels import signals_from_logits
@@ -297,9 +297,7 @@ class TokenPDPolicy(ScoredPolicy):
         self._profiles.pop(stream, None)
         self._occurrences.remove(stream)
 
-    def tokens(
-        self, stream: str, positions: NDArray[np.int64], token_ids: NDArray[np.int64]
-    ) -> None:
+    def tokens(self, stream: str, positions: NDArray[np.int64], token_ids: ArrayLike) -> None:
         """The token ids at resident ``positions`` of ``stream`` (``copy_bonus``), given
         once per token right after :meth:`insert`, in position order (kvpolicy-evict's
         ``ContentAware``).

@@ -253,13 +253,16 @@ def _oracle_factories(
             raise ValueError(f"'policy' {label!r} needs the texts' token ids")
         factory = policy_factory(base_label)
         assert factory is not None
-        config = factory(k).config  # type: ignore[attr-defined]
+        config: TokenPDConfig = factory(k).config  # type: ignore[attr-defined]
         bonus = config.copy_bonus or 1.0
+        horizon = int(raw)
         from kvpolicy.evict.predictors import default_compact
 
-        return [
-            (lambda e=e: CopySourceOracle(config, np.asarray(e), int(raw), bonus)) for e in encoded
-        ], default_compact()
+        def copy_oracle(token_ids: Any) -> Callable[[], EvictionPolicy]:
+            ids = np.asarray(token_ids)
+            return lambda: CopySourceOracle(config, ids, horizon, bonus)
+
+        return [copy_oracle(e) for e in encoded], default_compact()
     if label.startswith("oracle:window="):
         window = int(label.split("=", 1)[1])
         return [
