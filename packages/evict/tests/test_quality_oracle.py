@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvpolicy.evict import TokenPDConfig
+from kvpolicy.evict import TokenPDConfig, TokenPDPolicy
 from kvpolicy.evict.quality import CausalLM, decode_batch, decode_perplexity
 from kvpolicy.evict.quality._record import mean_attention
 from kvpolicy.evict.quality.oracle import (
@@ -136,6 +136,17 @@ def test_copy_oracle_favours_the_sources_of_copies_to_come() -> None:
     keys = oracle.excess_values("layer0", np.arange(5))
     # Position 1 (id 6, repeated at 7 = 4 + 3) has the bonus; 2 (id 7, at 8 > 4 + 3) not.
     assert keys[1] > max(keys[0], keys[2], keys[3], keys[4])
+    # Near the end of the text an id never repeated gets no bonus, however long the horizon.
+    late = CopySourceOracle(cfg, text, horizon=100, bonus=5.0)
+    plain = TokenPDPolicy(cfg)
+    for policy in (late, plain):
+        for t in range(9):
+            policy.insert("layer0", np.array([t]))
+            held = policy.resident_positions("layer0")
+            policy.observe("layer0", held, np.full(len(held), 1.0 / len(held)))
+    assert late.excess_values("layer0", np.arange(9)).tolist() == pytest.approx(
+        plain.excess_values("layer0", np.arange(9)).tolist()
+    )
     with pytest.raises(ValueError, match="'horizon'"):
         CopySourceOracle(cfg, text, horizon=0)
     with pytest.raises(ValueError, match="'bonus'"):

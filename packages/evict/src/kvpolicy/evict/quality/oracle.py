@@ -202,7 +202,8 @@ class CopySourceOracle(TokenPDPolicy):
         if stream is None:
             return g
         nxt = self._next[self.table.positions_of(slots)]
-        soon = (nxt > self._now) & (nxt <= self._now + self._horizon)
+        # next_occurrence says n for an id never repeated: no copy to come.
+        soon = (nxt > self._now) & (nxt <= self._now + self._horizon) & (nxt < self._next.size)
         share = self._bonus / max(self.table.stream_tokens(stream), 1)
         return g + share * soon
 
