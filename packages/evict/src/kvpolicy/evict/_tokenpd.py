@@ -318,9 +318,10 @@ class TokenPDPolicy(ScoredPolicy):
             ValueError: lengths differ, a negative id, a position not resident, or
                 positions not ascending after the last ones given. Nothing changes then.
         """
-        pos, ids = self._occurrences.check(stream, positions, token_ids)
-        slots = self.table.lookup(stream, pos)
-        replaced, counts = self._occurrences.add(stream, pos, ids)
+        # lookup checks the stream and residency without changing anything; add checks
+        # the ids and the order before it records anything.
+        slots = self.table.lookup(stream, positions)
+        replaced, counts = self._occurrences.add(stream, positions, token_ids)
         latest = self.table.column("latest")
         latest[slots] = (counts >= self._cfg.copy_min_count).astype(np.float64)
         if replaced.size:

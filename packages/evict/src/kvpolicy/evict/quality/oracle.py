@@ -37,6 +37,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 import numpy as np
 from numpy.typing import NDArray
 
@@ -174,8 +175,6 @@ class CopySourceOracle(TokenPDPolicy):
             raise ValueError(f"'horizon' must be an int >= 1: {horizon!r}")
         if not (math.isfinite(bonus) and bonus > 0):
             raise ValueError(f"'bonus' must be finite and > 0: {bonus!r}")
-        import attrs
-
         super().__init__(attrs.evolve(config, copy_bonus=0.0))
         self._next = next_occurrence(token_ids)
         self._horizon = horizon
