@@ -64,6 +64,24 @@ class TestTokenIdsReachThePolicy:
                 assert len(spy.seen) == 1
                 assert next(iter(spy.seen.values())) == expect
 
+    def test_mixed_batch_gives_ids_to_the_content_aware_rows_only(
+        self, lm: CausalLM, ids: torch.Tensor
+    ) -> None:
+        """Rows of one batch may hold different policies: a ContentAware row after a row
+        that is not (sink+window) still gets its ids, and the other row is left alone."""
+        plain = policy_factory("sink-window")
+        assert plain is not None
+        spies: list[_Spy] = []
+
+        def make() -> _Spy:
+            spies.append(_Spy())
+            return spies[-1]
+
+        decode_batch(lm, ids, [partial(plain, 10), make], 10)
+        expect = list(enumerate(ids[1, : N - 1].tolist()))
+        assert spies
+        assert all(next(iter(spy.seen.values())) == expect for spy in spies)
+
     def test_pooled_gives_every_layer_the_ids(self, lm: CausalLM, ids: torch.Tensor) -> None:
         """One pooled policy is told the ids of each layer's stream."""
         spy = _Spy()

@@ -347,8 +347,8 @@ def _decode(
     nll = np.empty((rows, n - 1), dtype=np.float64)
     correct = np.zeros((rows, n - 1), dtype=bool)
     # A policy that wants token ids (ContentAware, Token-PD's copy_bonus) gets each
-    # token's id right after its insert.
-    tagged = policies is not None and isinstance(policies[0][0], ContentAware)
+    # token's id right after its insert; rows of a batch may hold different policies.
+    tagged = [isinstance(row[0], ContentAware) for row in policies] if policies else []
     id_rows = ids.numpy()
     max_resident = 0
     resident_sum = 0
@@ -409,7 +409,7 @@ def _decode(
                         names,
                         budget_tokens,
                         cache,
-                        id_rows[0, t : t + 1] if tagged else None,
+                        id_rows[0, t : t + 1] if tagged[0] else None,
                     )
                     max_resident = max(max_resident, held_max)
                     resident_sum += sum(len(r[0]) for r in resident[0])
@@ -424,7 +424,7 @@ def _decode(
                             policy.insert(
                                 stream, pos, None if signals is None else signals[r : r + 1]
                             )
-                            if tagged:
+                            if tagged[r]:
                                 tag = cast(ContentAware, policy)
                                 tag.tokens(stream, pos, id_rows[r, t : t + 1])
                             policy.observe(stream, held_now, att[layer][r, s])
