@@ -488,11 +488,18 @@ class TokenPDPolicy(ScoredPolicy):
         the ``copy_bonus`` of the latest occurrences when ``stream`` is known)."""
         r, v = self._estimate(slots, stream, bins)
         g = excess_value(r, v, 0.0, self._cfg)
+        if stream is None:
+            return g
+        return g + self._copy_bonus(slots, stream)
+
+    def _copy_bonus(self, slots: NDArray[np.int64], stream: str) -> NDArray[np.float64] | float:
+        """The ``copy_bonus`` of each token: the bonus times the even share ``1/n`` of the
+        stream's ``n`` tokens on the latest occurrences (0 when not used)."""
         bonus = self._cfg.copy_bonus
-        if bonus and stream is not None:
-            share = bonus / max(self.table.stream_tokens(stream), 1)
-            g = g + share * self.table.column("latest")[slots]
-        return g
+        if not bonus:
+            return 0.0
+        share = bonus / max(self.table.stream_tokens(stream), 1)
+        return share * self.table.column("latest")[slots]
 
     # ------------------------------------------------------------- CacheEvict
     def evict(self, budget_tokens: int) -> Mapping[str, NDArray[np.int64]]:

@@ -191,20 +191,14 @@ class CopySourceOracle(TokenPDPolicy):
         super().insert(stream, positions, signals)
         self._now = max(self._now, int(np.max(positions)))
 
-    def _value(
-        self,
-        slots: NDArray[np.int64],
-        stream: str | None = None,
-        bins: NDArray[np.int64] | None = None,
-    ) -> NDArray[np.float64]:
-        g = super()._value(slots, stream, bins)
-        if stream is None:
-            return g
+    def _copy_bonus(self, slots: NDArray[np.int64], stream: str) -> NDArray[np.float64]:
+        """The bonus on the latest occurrences whose id the text repeats within the
+        horizon, in place of Token-PD's latest occurrences of every id."""
         nxt = self._next[self.table.positions_of(slots)]
         # next_occurrence says n for an id never repeated: no copy to come.
         soon = (nxt > self._now) & (nxt <= self._now + self._horizon) & (nxt < self._next.size)
         share = self._bonus / max(self.table.stream_tokens(stream), 1)
-        return g + share * soon
+        return share * soon.astype(np.float64)
 
 
 class RealisedReturns:
