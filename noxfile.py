@@ -20,6 +20,7 @@ Fast and lean:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -301,6 +302,41 @@ def _has_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
+def _host_site(session: nox.Session, names: list[str]) -> dict[str, str]:
+    """Install the tree's ``names`` (no dependencies) for the Python that runs nox.
+
+    GPU sessions use that interpreter's own CUDA build of torch and its Triton rather than
+    a venv: pip would pick a build of torch for this machine's driver only by chance, and
+    a GPU machine without network (or with a pinned CUDA stack) has no other. The
+    distributions go to ``.nox/<session>-site`` (``pip install --target``, so nothing of
+    the interpreter's own environment changes) and the returned environment puts that
+    folder first on ``PYTHONPATH``. Offline, point pip at wheels of hatchling with
+    ``PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR`` (pip builds each distribution with it).
+    Fails with the list of what the interpreter lacks: torch with CUDA, triton, pytest,
+    hypothesis.
+    """
+    missing = []
+    for module in ("torch", "triton", "numpy", "attrs", "pytest", "hypothesis"):
+        if importlib.util.find_spec(module) is None:
+            missing.append(module)
+    if missing:
+        session.error(
+            f"{sys.executable} lacks {', '.join(missing)}: run the GPU sessions with the "
+            "Python that holds your CUDA build of torch (python -m nox -s tests_gpu)"
+        )
+    site = CACHE / f"{session.name}-site"
+    shutil.rmtree(site, ignore_errors=True)
+    dirs = [str(DIST_DIRS[n]) for n in names]
+    session.run(
+        sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+        "--target", str(site), *dirs, external=True,
+    )  # fmt: skip
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    code = "import torch; assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'"
+    session.run(sys.executable, "-c", code, env=env, external=True)
+    return env
+
+
 @nox.session
 def kernels(session: nox.Session) -> None:
     """kvpolicy-kernels without a GPU: Triton's interpreter against the torch reference, and
@@ -321,40 +357,51 @@ def kernels(session: nox.Session) -> None:
     )
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def tests_gpu(session: nox.Session) -> None:
-    """GPU-marked tests (kernels and evict's use of them), native on CUDA.
+    """The kernels' tests native on a CUDA GPU: the gpu-marked ones (the benchmark's shapes,
+    evict's CUDA path) and the conformance suite against the torch reference, whose
+    ``device`` fixture is the GPU where there is one (odd shapes, every dtype, NaN rows,
+    ties), plus the ahead-of-time compile.
 
-    Exits 0 with a message where ``nvidia-smi`` is absent (no CUDA GPU here); pytest's exit
-    code 5 (no test collected) would otherwise fail CI on CPU machines.
+    Runs under the Python that runs nox, with its CUDA torch and Triton (``_host_site``):
+    ``python -m nox -s tests_gpu`` from that environment. Exits 0 with a message where
+    ``nvidia-smi`` is absent (no CUDA GPU here). Every gpu-marked test of the libraries is
+    in kernels/tests; vllm's gpu-marked ``vllm serve`` test needs vLLM installed and runs
+    in the ``vllm`` session on a GPU machine.
     """
     if not _has_gpu():
         session.skip("no nvidia-smi: no CUDA GPU here, GPU tests not run")
-    # The CUDA build of torch (pip picks it on a GPU machine) brings its own triton.
-    # kernels first, so that evict's [kernels] extra finds it installed from this tree.
-    _install(session, "kernels", "[test]")
-    session.install(f"{DIST_DIRS['evict']}[kernels,test]", *TEST_DEPS)
-    dirs = [str(DIST_DIRS[n] / "tests") for n in ("kernels", "evict")]
-    session.run("pytest", *dirs, "-m", "gpu", "-p", "no:cacheprovider", "-rA", *session.posargs)
+    env = _host_site(session, ["kvmodel", "kernels", "evict"])
+    session.run(
+        sys.executable, "-m", "pytest", str(DIST_DIRS["kernels"] / "tests"),
+        "-p", "no:cacheprovider", "-rA", *session.posargs, env=env, external=True,
+    )  # fmt: skip
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def bench_gpu(session: nox.Session) -> None:
-    """GPU benchmark of the kernels (roofline, eager torch, torch.compile, torch.topk).
+    """GPU benchmarks: the kernels against the HBM roofline, eager torch, ``torch.compile``
+    and ``torch.topk`` (``bench_gpu.py``), and Token-PD's cost in a decode step of a
+    Llama-3-8B-shaped model at 256 streams (``bench_gpu_step.py``).
 
-    Writes results/bench/bench_gpu.json; exits 0 with a message where there is no GPU.
+    Writes results/bench/bench_gpu*.json; exits 0 with a message where there is no GPU.
+    Runs under the Python that runs nox, as ``tests_gpu`` does. Arguments go to every
+    script (``nox -s bench_gpu -- --quick``); ``.py`` paths among them pick the scripts.
     """
     if not _has_gpu():
         session.skip("no nvidia-smi: no CUDA GPU here, GPU benchmark not run")
-    _install(session, "kernels", "[test]")
-    session.install(str(DIST_DIRS["kvmodel"]), "py-cpuinfo")
-    session.run(
-        "python",
+    env = _host_site(session, ["kvmodel", "kernels", "evict"])
+    flags = [a for a in session.posargs if not a.endswith(".py")]
+    scripts = [a for a in session.posargs if a.endswith(".py")] or [
         str(ROOT / "benchmarks" / "bench_gpu.py"),
-        "--out",
-        str(ROOT / "results" / "bench"),
-        *session.posargs,
-    )
+        str(ROOT / "benchmarks" / "bench_gpu_step.py"),
+    ]
+    for script in scripts:
+        session.run(
+            sys.executable, script, "--out", str(ROOT / "results" / "bench"), *flags,
+            env=env, external=True,
+        )  # fmt: skip
 
 
 @nox.session

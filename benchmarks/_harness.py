@@ -15,6 +15,7 @@ import os
 import pathlib
 import platform
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -42,14 +43,28 @@ def machine() -> dict[str, Any]:
             info[f"{mod}_version"] = __import__(mod).__version__
         except ImportError:
             continue
+    if "torch_version" in info:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            info["gpu"] = props.name
+            info["gpu_memory_bytes"] = int(props.total_memory)
+            info["gpu_sms"] = int(props.multi_processor_count)
+            info["cuda_version"] = torch.version.cuda
     return info
 
 
-def parse_args(description: str) -> argparse.Namespace:
-    """Common arguments: ``--out DIR`` for the JSON and ``--quick`` for a short run."""
+def parse_args(
+    description: str, more: Callable[[argparse.ArgumentParser], None] | None = None
+) -> argparse.Namespace:
+    """Common arguments: ``--out DIR`` for the JSON and ``--quick`` for a short run;
+    ``more`` adds a script's own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/bench"))
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    if more is not None:
+        more(parser)
     return parser.parse_args()
 
 

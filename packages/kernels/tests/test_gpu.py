@@ -26,7 +26,9 @@ CUDA = torch.device("cuda")
 
 class TestScoreOnGPU:
     @pytest.mark.parametrize(("dtype", "atol", "rtol"), list(TOLERANCES))
-    @pytest.mark.parametrize(("b", "v"), [(1, 49_152), (64, 49_152), (256, 128_256)])
+    @pytest.mark.parametrize(
+        ("b", "v"), [(1, 49_152), (64, 49_152), (1, 128_256), (64, 128_256), (256, 128_256)]
+    )
     def test_mlp_256_matches_reference(
         self,
         dtype: torch.dtype,
@@ -69,3 +71,40 @@ class TestSelectOnGPU:
             want = select_evictions(g.cpu(), budget)
             assert torch.equal(got.indices.cpu(), want.indices)
             assert got.demand == want.demand
+
+
+class TestGraphsOnGPU:
+    def test_selection_replays_as_a_cuda_graph(self) -> None:
+        """The selection's kernels run in a CUDA graph, which follows new values of g."""
+        from kvpolicy.kernels._triton import select_evictions_triton
+
+        g = (torch.randint(-50, 200, (300_001,)).float() / 64.0).to(CUDA)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            select_evictions_triton(g, 250_000, False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = select_evictions_triton(g, 250_000, False)
+        for _ in range(2):
+            graph.replay()
+            want = select_evictions(g.cpu(), 250_000, keep_rule=False)
+            assert torch.equal(got.indices.cpu(), want.indices)
+            g.copy_((torch.randint(-50, 200, (300_001,)).float() / 64.0).to(CUDA))
+
+    def test_scoring_replays_as_a_cuda_graph(
+        self, make_logits: Callable[..., torch.Tensor], make_mlp: Callable[..., MLPWeights]
+    ) -> None:
+        """The scoring kernels run in a CUDA graph and match the reference."""
+        z = make_logits(64, 49_152, torch.bfloat16, CUDA)
+        mlp = make_mlp(49_152, hidden=256)
+        score_tokens(z, mlp, PARAMS)  # compiles, caches W1 on the device
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = score_tokens(z, mlp, PARAMS)
+        graph.replay()
+        want = score_tokens(z, mlp, PARAMS, backend="torch")
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-3)

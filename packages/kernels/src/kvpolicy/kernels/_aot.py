@@ -10,42 +10,66 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AOT_TARGETS", "compile_all"]
+__all__ = ["AOT_LIMITS", "AOT_TARGETS", "compile_all"]
 
 AOT_TARGETS = {"A100": 80, "H100": 90}
 """GPU name -> CUDA compute capability compiled ahead of time."""
 
+AOT_LIMITS = {80: (108, 163 * 1024), 90: (132, 227 * 1024)}
+"""Compute capability -> (SMs, opt-in shared memory bytes per block) of its reference GPU
+(A100, H100 SXM): what ``score_launch`` is given to pick the launches compiled."""
+
 _DT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+_ELEM = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+Variant = tuple[str, Any, dict[str, str], dict[str, Any], dict[str, int]]
 
 
-def _variants() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
+def _variants(capability: int) -> list[Variant]:
+    """Every kernel as the dispatcher launches it on ``sm_<capability>``: the scoring
+    pass at each launch ``score_launch`` picks there for 1, 64 and 256 rows of 128,256
+    logits, the finishing pass at each row-tile size, the selection kernels."""
     from kvpolicy.kernels import _triton as k
 
-    out: list[tuple[str, Any, dict[str, str], dict[str, Any]]] = []
+    sms, smem = AOT_LIMITS[capability]
+    out: list[Variant] = []
+    row_tiles = set()
     for dtype, t in _DT.items():
         for mlp in (True, False):
-            sig = {
-                "z_ptr": f"*{t}",
-                "w_ptr": f"*{t}",
-                "stats_ptr": "*fp32",
-                "acc_ptr": "*fp32",
-                "B": "i32",
-                "V": "i32",
-                "stride_z": "i32",
-                "cols_per_split": "i32",
+            hidden = 256 if mlp else 0
+            wide = mlp and dtype == "float32"
+            launches = {
+                k.score_launch(b, 128_256, hidden, _ELEM[dtype], wide, sms=sms, smem=smem)
+                for b in (1, 64, 256)
             }
-            const = {
-                "H": 256 if mlp else 16,
-                "BLOCK_B": 64,
-                "BLOCK_V": 32 if mlp and dtype == "float32" else 64,
-                "HAS_MLP": mlp,
-                "IEEE": dtype == "float32",
-                "UPCAST": False,
-            }
-            sig.update(dict.fromkeys(const, "constexpr"))
-            name = f"score_partial[{dtype},{'mlp' if mlp else 'compact'}]"
-            out.append((name, k._score_partial, sig, const))
-    for mlp in (True, False):
+            for launch in sorted(launches):
+                sig = {
+                    "z_ptr": f"*{t}",
+                    "w_ptr": f"*{t}",
+                    "stats_ptr": "*fp32",
+                    "acc_ptr": "*fp32",
+                    "B": "i32",
+                    "V": "i32",
+                    "stride_z": "i32",
+                    "cols_per_split": "i32",
+                }
+                const = {
+                    "H": hidden or 16,
+                    "BLOCK_B": launch.block_b,
+                    "BLOCK_V": launch.block_v,
+                    "HAS_MLP": mlp,
+                    "IEEE": dtype == "float32",
+                    "UPCAST": False,
+                }
+                sig.update(dict.fromkeys(const, "constexpr"))
+                options = {"num_warps": launch.num_warps}
+                if launch.num_stages is not None:
+                    options["num_stages"] = launch.num_stages
+                tile = f"{launch.block_b}x{launch.block_v}"
+                name = f"score_partial[{dtype},{'mlp' if mlp else 'compact'},{tile}]"
+                out.append((name, k._score_partial, sig, const, options))
+                row_tiles.add((mlp, launch.block_b))
+    for mlp, block_b in sorted(row_tiles):
         ptrs = ("stats_ptr", "acc_ptr", "rowsum_ptr", "b1_ptr", "w2_ptr", "cw_ptr")
         sig = dict.fromkeys(ptrs, "*fp32")
         sig.update(pos_ptr="*i64", att_ptr="*fp32", r_ptr="*fp32", v_ptr="*fp32", g_ptr="*fp32")
@@ -53,17 +77,24 @@ def _variants() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         sig.update(
             dict.fromkeys(("b2", "const_risk", "half_s2", "expm1_s2", "lam", "offset"), "fp32")
         )
-        const = {"H": 256 if mlp else 16, "BLOCK_B": 64, "HAS_MLP": mlp}
+        const = {"H": 256 if mlp else 16, "BLOCK_B": block_b, "HAS_MLP": mlp}
         sig.update(dict.fromkeys(const, "constexpr"))
-        out.append((f"score_finish[{'mlp' if mlp else 'compact'}]", k._score_finish, sig, const))
+        name = f"score_finish[{'mlp' if mlp else 'compact'},{block_b}]"
+        out.append((name, k._score_finish, sig, const, {"num_warps": 4}))
     block = {"BLOCK": 4096}
+    warps = {"num_warps": 4}
     hist = {"g_ptr": "*fp32", "n": "i32", "prefix_ptr": "*i64", "hist_ptr": "*i32"}
     for shift in (24, 0):
         const = {"SHIFT": shift, **block}
         sig = {**hist, **dict.fromkeys(const, "constexpr")}
-        out.append((f"radix_hist[shift={shift}]", k._radix_hist, sig, const))
+        out.append((f"radix_hist[shift={shift}]", k._radix_hist, sig, const, warps))
+    sig = {"hist_ptr": "*i32", "state_ptr": "*i64"}
+    out.append(("radix_pick", k._radix_pick, sig, {}, warps))
     sig = {"g_ptr": "*fp32", "n": "i32", "kth_ptr": "*i64", "counts_ptr": "*i32"}
-    out.append(("select_count", k._select_count, {**sig, "BLOCK": "constexpr"}, block))
+    out.append(("select_count", k._select_count, {**sig, "BLOCK": "constexpr"}, block, warps))
+    sig = {"counts_ptr": "*i32", "nblocks": "i32", "state_ptr": "*i64", "offsets_ptr": "*i32"}
+    const = {"BLOCK": 1024}
+    out.append(("select_offsets", k._select_offsets, {**sig, "BLOCK": "constexpr"}, const, warps))
     sig = {
         "g_ptr": "*fp32",
         "n": "i32",
@@ -72,7 +103,7 @@ def _variants() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         "offsets_ptr": "*i32",
         "out_ptr": "*i64",
     }
-    out.append(("select_write", k._select_write, {**sig, "BLOCK": "constexpr"}, block))
+    out.append(("select_write", k._select_write, {**sig, "BLOCK": "constexpr"}, block, warps))
     return out
 
 
@@ -90,12 +121,9 @@ def compile_all(capability: int) -> dict[str, dict[str, int]]:
     from triton.compiler import ASTSource
 
     result: dict[str, dict[str, int]] = {}
-    for name, fn, sig, const in _variants():
+    for name, fn, sig, const, options in _variants(capability):
         src = ASTSource(fn=fn, signature=sig, constexprs=const)
-        num_warps = 8 if const.get("HAS_MLP") and "partial" in name else 4
-        compiled = triton.compile(
-            src, target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps}
-        )
+        compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
         result[name] = {
             "ptx_bytes": len(compiled.asm["ptx"]),
             "cubin_bytes": len(compiled.asm["cubin"]),

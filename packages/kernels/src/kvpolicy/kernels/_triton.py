@@ -32,7 +32,9 @@ tokens below that key and of the first ``need`` tokens equal to it (ties by inde
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -46,9 +48,20 @@ from kvpolicy.kernels._params import (
     TokenScores,
 )
 
-__all__ = ["score_tokens_triton", "select_evictions_triton"]
+__all__ = ["ScoreLaunch", "score_launch", "score_tokens_triton", "select_evictions_triton"]
 
-_SM_GUESS = 132  # H100 SXM; only sets how many vocabulary slices the grid gets.
+_SM_GUESS = 132  # H100 SXM: the interpreter's stand-in for a device's SM count.
+_SMEM_GUESS = 163 * 1024  # the A100's opt-in shared memory per block, the smallest targeted
+
+
+@functools.cache
+def _device_limits(device: torch.device) -> tuple[int, int]:
+    """(streaming multiprocessors, opt-in shared memory bytes per block) of ``device``."""
+    if device.type != "cuda":
+        return _SM_GUESS, _SMEM_GUESS
+    props = torch.cuda.get_device_properties(device)
+    smem = int(getattr(props, "shared_memory_per_block_optin", _SMEM_GUESS))
+    return int(props.multi_processor_count), smem
 
 
 @triton.jit
@@ -213,29 +226,68 @@ def _score_finish(
     tl.store(g_ptr + rows, g, mask=rmask)
 
 
-def _score_blocks(
-    b: int, v: int, hidden: int, elem: int, wide: bool, interpret: bool
-) -> tuple[int, int, int]:
-    """(BLOCK_B, BLOCK_V, SPLITS): few big steps under the interpreter, occupancy on a GPU.
+@functools.lru_cache(maxsize=64)
+def _compact_weights(weights: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """The compact predictor's weights on ``device``, copied once (a copy from the host
+    cannot be captured in a CUDA graph)."""
+    return torch.tensor(weights, dtype=torch.float32, device=device)
 
-    More vocabulary slices fill more SMs but each writes and re-reads a (B, H) fp32
-    partial; the slices are capped so that this traffic stays within a quarter of the
-    bytes streamed (logits + W1), with at least SMs/2 programs. Untuned: no GPU was at
-    hand when this was written (see the README). ``wide``: fp32 operands of the MLP dot,
-    whose W1 tiles need half the BLOCK_V to fit the A100's 164 KiB of shared memory.
+
+class ScoreLaunch(NamedTuple):
+    """How the scoring pass is launched (tile sizes, vocabulary slices, warps, stages).
+
+    ``score_tokens_triton(..., launch=...)`` takes one to override ``score_launch``'s
+    choice: the GPU benchmark sweeps them (``bench_gpu.py --tune``).
+    """
+
+    block_b: int
+    block_v: int
+    splits: int
+    num_warps: int
+    num_stages: int | None = None
+
+
+def score_launch(
+    b: int,
+    v: int,
+    hidden: int,
+    elem: int,
+    wide: bool,
+    *,
+    interpret: bool = False,
+    sms: int = _SM_GUESS,
+    smem: int = _SMEM_GUESS,
+) -> ScoreLaunch:
+    """The scoring launch for ``b`` rows of ``v`` logits of ``elem`` bytes on a device with
+    ``sms`` SMs and ``smem`` bytes of shared memory per block (``hidden`` 0: compact).
+
+    Tuned on an H200 (``bench_gpu.py --tune``; the packages' README has the sweep): with the
+    MLP, about one program per SM, 8 warps, 16-row tiles up to 64 rows (then 64), 128
+    vocabulary columns a step on 16-row tiles, 64 on wider ones; as many pipeline stages
+    (at most 3) as the W1 and logits tiles fit in shared memory, so the same rule gives 3
+    on an H100/H200 and 2 on an A100. ``wide``: fp32 operands, whose tiles are twice the
+    bytes. Under the interpreter: few big steps.
     """
     if interpret:
-        return 16, 256, max(1, min(4, triton.cdiv(v, 256)))
-    block_b = 16 if b <= 16 else 64
-    block_v = 32 if wide else 64
+        return ScoreLaunch(16, 256, max(1, min(4, triton.cdiv(v, 256))), 4)
+    if not hidden:
+        block_b = 16 if b <= 16 else 64
+        row_blocks = triton.cdiv(b, block_b)
+        splits = max(1, min(triton.cdiv(v, 4 * 64), 2 * sms // row_blocks))
+        return ScoreLaunch(block_b, 64, splits, 4)
+    block_b = 16 if b <= 64 else 64
+    block_v = 128 if block_b == 16 else 64
+    if wide:
+        block_v //= 2
+    per_stage = (block_b * block_v + block_v * hidden) * elem
+    while 2 * per_stage > smem and block_v > 16:
+        block_v //= 2
+        per_stage = (block_b * block_v + block_v * hidden) * elem
+    stages = 3 if 3 * per_stage <= smem - 8 * 1024 else 2
     row_blocks = triton.cdiv(b, block_b)
-    most = triton.cdiv(v, 4 * block_v)
-    occupancy = 2 * _SM_GUESS // row_blocks
-    if hidden:
-        streamed = (b * v + v * hidden) * elem
-        cap = streamed // (4 * b * hidden * 8)
-        occupancy = max(_SM_GUESS // (2 * row_blocks), min(occupancy, cap))
-    return block_b, block_v, max(1, min(most, occupancy))
+    # About one program per SM; more slices would each add a (B, H) fp32 partial.
+    splits = max(1, min(triton.cdiv(v, block_v), triton.cdiv(sms, row_blocks)))
+    return ScoreLaunch(block_b, block_v, splits, 8, stages)
 
 
 def score_tokens_triton(
@@ -246,6 +298,7 @@ def score_tokens_triton(
     attention: torch.Tensor | None = None,
     *,
     interpret: bool = False,
+    launch: ScoreLaunch | None = None,
 ) -> TokenScores:
     """Launch the two scoring passes (inputs already validated by the dispatcher)."""
     b, v = logits.shape
@@ -253,9 +306,13 @@ def score_tokens_triton(
     has_mlp = isinstance(predictor, MLPWeights)
     wide = has_mlp and logits.dtype == torch.float32
     hidden_or_0 = predictor.hidden if isinstance(predictor, MLPWeights) else 0
-    block_b, block_v, splits = _score_blocks(
-        b, v, hidden_or_0, logits.element_size(), wide, interpret
-    )
+    if launch is None:
+        sms, smem = _device_limits(dev)
+        launch = score_launch(
+            b, v, hidden_or_0, logits.element_size(), wide, interpret=interpret, sms=sms, smem=smem
+        )
+    block_b, block_v, splits = launch.block_b, launch.block_v, launch.splits
+    stages = {} if launch.num_stages is None else {"num_stages": launch.num_stages}
     cols = triton.cdiv(triton.cdiv(v, splits), block_v) * block_v
     splits = triton.cdiv(v, cols)
     f32 = torch.float32
@@ -274,7 +331,7 @@ def score_tokens_triton(
         assert attention is not None
         hidden = 16
         w1t = rowsum = b1 = w2 = acc = stats
-        cw = torch.tensor(predictor.weights, dtype=f32, device=dev)
+        cw = _compact_weights(predictor.weights, dev)
         pos, att = positions, attention
         s2 = predictor.residual_variance
         b2, risk, half_s2, expm1_s2 = 0.0, 0.0, s2 / 2.0, math.expm1(s2)
@@ -293,7 +350,8 @@ def score_tokens_triton(
         HAS_MLP=has_mlp,
         IEEE=logits.dtype == torch.float32,
         UPCAST=interpret and logits.dtype == torch.bfloat16,
-        num_warps=8 if has_mlp else 4,
+        num_warps=launch.num_warps,
+        **stages,
     )
     _score_finish[(triton.cdiv(b, block_b),)](
         stats,
@@ -345,6 +403,24 @@ def _radix_hist(g_ptr, n, prefix_ptr, hist_ptr, SHIFT: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
+def _radix_pick(hist_ptr, state_ptr):
+    # One program, after each histogram pass: the digit holding the rem-th smallest key of
+    # those under the prefix, state (prefix, rem) <- (prefix * 256 + digit, rem - #below),
+    # and the histogram zeroed for the next pass. Keeps the radix select on the device
+    # without the host or a train of small torch launches.
+    idx = tl.arange(0, 256)
+    hist = tl.load(hist_ptr + idx).to(tl.int64)
+    prefix = tl.load(state_ptr)
+    rem = tl.load(state_ptr + 1)
+    cum = tl.cumsum(hist, axis=0)
+    digit = tl.sum((cum < rem).to(tl.int64), axis=0)
+    below = tl.sum(tl.where(idx < digit, hist, 0), axis=0)
+    tl.store(state_ptr, prefix * 256 + digit)
+    tl.store(state_ptr + 1, rem - below)
+    tl.store(hist_ptr + idx, tl.zeros((256,), tl.int32))
+
+
+@triton.jit
 def _select_count(g_ptr, n, kth_ptr, counts_ptr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -355,6 +431,28 @@ def _select_count(g_ptr, n, kth_ptr, counts_ptr, BLOCK: tl.constexpr):
     tie = mask & (key == kth)
     tl.store(counts_ptr + 2 * pid, tl.sum(less.to(tl.int32), axis=0))
     tl.store(counts_ptr + 2 * pid + 1, tl.sum(tie.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _select_offsets(counts_ptr, nblocks, state_ptr, offsets_ptr, BLOCK: tl.constexpr):
+    # One program: per block, where its taken tokens start in the output and how many ties
+    # come before it (ties are taken in index order up to `need`), as running sums.
+    need = tl.load(state_ptr + 1)
+    carry_taken = tl.full((), 0, tl.int64)
+    carry_tie = tl.full((), 0, tl.int64)
+    for start in range(0, nblocks, BLOCK):
+        blocks = start + tl.arange(0, BLOCK)
+        mask = blocks < nblocks
+        less = tl.load(counts_ptr + 2 * blocks, mask=mask, other=0).to(tl.int64)
+        tie = tl.load(counts_ptr + 2 * blocks + 1, mask=mask, other=0).to(tl.int64)
+        tie_before = carry_tie + tl.cumsum(tie, axis=0) - tie
+        ties_taken = tl.minimum(tl.maximum(need - tie_before, 0), tie)
+        taken = less + ties_taken
+        first = carry_taken + tl.cumsum(taken, axis=0) - taken
+        tl.store(offsets_ptr + 2 * blocks, first.to(tl.int32), mask=mask)
+        tl.store(offsets_ptr + 2 * blocks + 1, tie_before.to(tl.int32), mask=mask)
+        carry_taken += tl.sum(taken, axis=0)
+        carry_tie += tl.sum(tie, axis=0)
 
 
 @triton.jit
@@ -373,12 +471,18 @@ def _select_write(g_ptr, n, kth_ptr, need_ptr, offsets_ptr, out_ptr, BLOCK: tl.c
 
 
 def select_evictions_triton(
-    g: torch.Tensor, budget_tokens: int, keep_rule: bool, *, interpret: bool = False
+    g: torch.Tensor,
+    budget_tokens: int,
+    keep_rule: bool,
+    *,
+    interpret: bool = False,
+    block: int | None = None,
 ) -> EvictionSelection:
     """Radix select + ordered compaction (inputs already validated by the dispatcher).
 
-    One host synchronisation (the count of ``g < 0`` sizes the output); the radix digits
-    are chosen on the device by small torch ops between the histogram passes.
+    One host synchronisation, and only with the keep rule (the count of ``g < 0`` sizes
+    the output); the radix digits and the output offsets are chosen on the device by
+    one-program kernels: 11 Triton launches and 3 fills, no train of small torch ops.
     """
     n = int(g.numel())
     dev = g.device
@@ -386,26 +490,22 @@ def select_evictions_triton(
     m = min(n, max(below, n - budget_tokens))
     if m == 0:
         return EvictionSelection(torch.zeros(0, dtype=torch.int64, device=dev), n - below)
-    block = 1024 if interpret else 4096
+    if block is None:
+        block = 1024 if interpret else 4096
     grid = (triton.cdiv(n, block),)
-    prefix = torch.zeros((), dtype=torch.int64, device=dev)
-    rem = torch.full((), m, dtype=torch.int64, device=dev)  # rank of the m-th within prefix
-    hist = torch.empty(256, dtype=torch.int32, device=dev)
+    # state = (prefix of the m-th key so far, its rank among the keys under that prefix);
+    # after the 4 passes, (the m-th key, how many ties with it to take).
+    state = torch.full((2,), m, dtype=torch.int64, device=dev)  # fills, no host copy:
+    state[:1].fill_(0)  # capturable in a CUDA graph
+    hist = torch.zeros(256, dtype=torch.int32, device=dev)
     for shift in (24, 16, 8, 0):
-        hist.zero_()
-        _radix_hist[grid](g, n, prefix, hist, SHIFT=shift, BLOCK=block)
-        cum = hist.to(torch.int64).cumsum(0)
-        digit = (cum < rem).sum()
-        rem = rem - (cum[digit] - hist[digit])
-        prefix = prefix * 256 + digit
+        _radix_hist[grid](g, n, state, hist, SHIFT=shift, BLOCK=block)
+        _radix_pick[(1,)](hist, state)
     nblocks = grid[0]
     counts = torch.empty((nblocks, 2), dtype=torch.int32, device=dev)
-    _select_count[grid](g, n, prefix, counts, BLOCK=block)
-    # Tokens taken per block: all below the key, then ties in index order up to `rem`.
-    tie_before = counts[:, 1].cumsum(0) - counts[:, 1]
-    ties_taken = (rem - tie_before).clamp(min=0).minimum(counts[:, 1])
-    taken = counts[:, 0] + ties_taken
-    offsets = torch.stack((taken.cumsum(0) - taken, tie_before), dim=1).to(torch.int32).contiguous()
+    _select_count[grid](g, n, state, counts, BLOCK=block)
+    offsets = torch.empty((nblocks, 2), dtype=torch.int32, device=dev)
+    _select_offsets[(1,)](counts, nblocks, state, offsets, BLOCK=1024)
     out = torch.empty(m, dtype=torch.int64, device=dev)
-    _select_write[grid](g, n, prefix, rem, offsets, out, BLOCK=block)
+    _select_write[grid](g, n, state, state[1:], offsets, out, BLOCK=block)
     return EvictionSelection(out, n - below)
