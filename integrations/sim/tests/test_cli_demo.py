@@ -52,7 +52,7 @@ class TestDemo:
         assert "…" not in result.stdout
 
     def test_unknown_gpu(self, tmp_path: pathlib.Path) -> None:
-        """An unknown GPU lists the known ones."""
+        """An unknown GPU names the flag and lists the known ones."""
         result = CliRunner().invoke(main, ["demo", "--gpu", "TPU", "--report", str(tmp_path)])
         assert result.exit_code == 2
-        assert "unknown gpu 'TPU'; known:" in result.output
+        assert "Invalid value for '--gpu': 'TPU' is not one of 'A100-40GB'" in result.output

@@ -21,6 +21,7 @@ from kvpolicy.admit import (
     worst_cycle_ratio,
     worst_cycle_throughput,
 )
+from kvpolicy.sim.cli._params import OutputFile
 
 __all__ = ["group"]
 
@@ -178,7 +179,7 @@ def _plot(result: ModelResult, path: pathlib.Path) -> None:
 )
 @click.option(
     "--plot",
-    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    type=OutputFile(),
     default=None,
     help="Save memory and admissions over time as a PNG.",
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvpolicy.kvmodel import GPU_PRESETS, MODEL_PRESETS
+from kvpolicy.sim.cli._params import GPU, MODEL
 
 __all__ = ["backend_cmd"]
 
@@ -12,14 +12,14 @@ __all__ = ["backend_cmd"]
 @click.command("backend")
 @click.option(
     "--model",
-    type=click.Choice(list(MODEL_PRESETS)),
+    type=MODEL,
     default="Llama-3-8B",
     show_default=True,
     help="Model the simulated server serves.",
 )
 @click.option(
     "--gpu",
-    type=click.Choice(list(GPU_PRESETS)),
+    type=GPU,
     default="H100-SXM",
     show_default=True,
     help="GPU the simulated server runs on.",

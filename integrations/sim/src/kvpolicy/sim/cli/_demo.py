@@ -11,14 +11,15 @@ import pathlib
 import click
 from rich.console import Console
 
-from kvpolicy.kvmodel import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
+from kvpolicy.kvmodel import get_gpu, get_model
+from kvpolicy.sim.cli._params import GPU, MODEL
 
 __all__ = ["demo"]
 
 
 @click.command()
-@click.option("--model", default="Llama-3-8B", show_default=True, help=", ".join(MODEL_PRESETS))
-@click.option("--gpu", default="L40S", show_default=True, help=", ".join(GPU_PRESETS))
+@click.option("--model", type=MODEL, default="Llama-3-8B", show_default=True, help="Model preset.")
+@click.option("--gpu", type=GPU, default="L40S", show_default=True, help="GPU preset.")
 @click.option(
     "--num-requests",
     type=click.IntRange(min=1),

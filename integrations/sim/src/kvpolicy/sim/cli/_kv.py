@@ -8,16 +8,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kvpolicy.kvmodel import (
-    GPU_PRESETS,
-    KV_DTYPE_BYTES,
-    MODEL_PRESETS,
-    CapacityError,
-    KVModelError,
-    get_gpu,
-    get_model,
-    plan_capacity,
-)
+from kvpolicy.kvmodel import CapacityError, KVModelError, get_gpu, get_model, plan_capacity
+from kvpolicy.sim.cli._params import GPU, KV_DTYPE, MODEL, FiniteFloat
 
 __all__ = ["group"]
 
@@ -28,27 +20,44 @@ def group() -> None:
 
 
 @group.command("plan")
-@click.option("--model", "model_name", required=True, help=f"One of: {', '.join(MODEL_PRESETS)}")
-@click.option("--gpu", "gpu_name", required=True, help=f"One of: {', '.join(GPU_PRESETS)}")
-@click.option("--context", type=int, default=None, help="Sequence length S (default: max).")
-@click.option("--kv-dtype", default=None, help=f"KV dtype: {', '.join(KV_DTYPE_BYTES)}.")
+@click.option("--model", "model_name", required=True, type=MODEL, help="A model preset (any case).")
+@click.option("--gpu", "gpu_name", required=True, type=GPU, help="A GPU preset (any case).")
+@click.option(
+    "--context",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Sequence length S (default: max).",
+)
+@click.option("--kv-dtype", type=KV_DTYPE, default=None, help="KV dtype.")
 @click.option(
     "--gpu-memory-utilization",
-    type=float,
+    type=FiniteFloat(min=0.0, max=1.0, min_open=True),
     default=0.9,
     show_default=True,
     help="Share of the GPU's memory the server may use (weights, activations and KV).",
 )
-@click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per KV block.")
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1, max=2**20),
+    default=16,
+    show_default=True,
+    help="Tokens per KV block.",
+)
 @click.option(
     "--tp",
-    type=int,
+    type=click.IntRange(min=1, max=4096),
     default=1,
     show_default=True,
     help="Tensor-parallel GPUs: weights and KV heads split over them (KV heads replicated "
     "past the model's KV head count).",
 )
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel stages.")
+@click.option(
+    "--pp",
+    type=click.IntRange(min=1, max=4096),
+    default=1,
+    show_default=True,
+    help="Pipeline-parallel stages.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan(
     model_name: str,

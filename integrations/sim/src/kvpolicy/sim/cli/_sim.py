@@ -13,8 +13,9 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvpolicy.kvmodel import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, get_gpu, get_model
+from kvpolicy.kvmodel import GPUSpec, ModelSpec, get_gpu, get_model
 from kvpolicy.sim._sweep import EXECUTORS as EXECUTOR_NAMES
+from kvpolicy.sim.cli._params import GPU, MODEL
 from kvpolicy.sim.cli._workload import WorkloadSpec, workload_options
 
 __all__ = ["group", "progress_bar"]
@@ -65,12 +66,8 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         default=None,
         help="Tensor-parallel GPUs per server (overrides the stacks' timing.tp).  [default: 1]",
     )(f)
-    f = click.option(
-        "--gpu", type=click.Choice(list(GPU_PRESETS)), required=True, help="The accelerator."
-    )(f)
-    return click.option(
-        "--model", type=click.Choice(list(MODEL_PRESETS)), required=True, help="The model served."
-    )(f)
+    f = click.option("--gpu", type=GPU, required=True, help="The accelerator.")(f)
+    return click.option("--model", type=MODEL, required=True, help="The model served.")(f)
 
 
 _STACK_HELP = (
@@ -336,8 +333,10 @@ def sweep_cmd(
     required=True,
     help="Measured iterations: a header naming batch,tokens,seconds[,kv_tokens].",
 )
-@click.option("--model", default="Llama-3-8B", show_default=True, help="Model measured.")
-@click.option("--gpu", default="H100-SXM", show_default=True, help="Device measured.")
+@click.option(
+    "--model", type=MODEL, default="Llama-3-8B", show_default=True, help="Model measured."
+)
+@click.option("--gpu", type=GPU, default="H100-SXM", show_default=True, help="Device measured.")
 @click.option(
     "--dtype-bytes",
     type=float,

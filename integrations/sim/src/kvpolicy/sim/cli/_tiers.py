@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import time
 from typing import Any
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvpolicy.kvmodel import get_model
+from kvpolicy.sim.cli._params import MODEL, FiniteFloat, OutputFile
 from kvpolicy.tiers import (
     ReplayEvaluator,
     allocate_group_ttls,
@@ -27,22 +29,51 @@ from kvpolicy.tiers import (
 __all__ = ["group"]
 
 
+_TRACE_FORMAT = (
+    "a JSONL hash trace: one JSON object a line with 'hash_ids' and 'timestamp' (ms, "
+    "Mooncake's) or 'time' (s), in time order"
+)
+
+
 def _read_trace(path: str, limit: int | None) -> list[tuple[float, list[int]]]:
     """A JSONL hash trace: Mooncake rows (``timestamp`` in ms, ``hash_ids``) or rows with
-    ``time`` in seconds and ``hash_ids``."""
+    ``time`` in seconds and ``hash_ids``; times finite, >= 0 and in order."""
     rows: list[tuple[float, list[int]]] = []
-    with pathlib.Path(path).open() as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-                t = r["time"] if "time" in r else r["timestamp"] / 1000.0
-                rows.append((float(t), [int(h) for h in r["hash_ids"]]))
-            except (ValueError, KeyError, TypeError) as err:
-                raise click.BadParameter(f"line {number}: {err!r}", param_hint="--trace") from err
-            if limit is not None and len(rows) >= limit:
-                break
+
+    def bad(number: int, why: str) -> click.BadParameter:
+        return click.BadParameter(
+            f"{path}: line {number}: {why}; expected {_TRACE_FORMAT}", param_hint="--trace"
+        )
+
+    with pathlib.Path(path).open(encoding="utf-8") as f:
+        try:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    raise bad(number, "not JSON") from None
+                if not isinstance(r, dict) or "hash_ids" not in r:
+                    raise bad(number, "no 'hash_ids'")
+                try:
+                    t = float(r["time"]) if "time" in r else float(r["timestamp"]) / 1000.0
+                    hashes = [int(h) for h in r["hash_ids"]]
+                except KeyError:
+                    raise bad(number, "no 'timestamp' or 'time'") from None
+                except (ValueError, TypeError) as err:
+                    raise bad(number, f"a value is not a number ({err})") from None
+                if not math.isfinite(t) or t < 0:
+                    raise bad(number, f"time {t!r} s is not a finite time >= 0")
+                if rows and t < rows[-1][0]:
+                    raise bad(number, f"time {t!r} s is earlier than the line before it")
+                rows.append((t, hashes))
+                if limit is not None and len(rows) >= limit:
+                    break
+        except UnicodeDecodeError:
+            raise click.BadParameter(
+                f"{path}: not text (binary?); expected {_TRACE_FORMAT}", param_hint="--trace"
+            ) from None
     if not rows:
         raise click.BadParameter(f"no requests in {path!r}", param_hint="--trace")
     return rows
@@ -69,7 +100,11 @@ _TRACE = click.option("--trace", required=True, type=click.Path(exists=True, dir
     help="Requests of the trace replayed per evaluation (from its start).",
 )
 @click.option(
-    "--model", default="Llama-3-8B", show_default=True, help="Model whose KV bytes a block holds."
+    "--model",
+    type=MODEL,
+    default="Llama-3-8B",
+    show_default=True,
+    help="Model whose KV bytes a block holds (a preset, any case).",
 )
 @click.option(
     "--block-tokens",
@@ -138,12 +173,20 @@ def plan(
     type=click.IntRange(min=1),
     help="Most reused prefix subtrees to list.",
 )
-@click.option("--depth", default=2, show_default=True, type=int, help="Subtree depth.")
-@click.option("--budget", default=5e7, show_default=True, type=float, help="Block-seconds.")
+@click.option(
+    "--depth", default=2, show_default=True, type=click.IntRange(min=1), help="Subtree depth."
+)
+@click.option(
+    "--budget",
+    default=5e7,
+    show_default=True,
+    type=FiniteFloat(min=0.0, min_open=True),
+    help="Block-seconds of TTL to share among the groups.",
+)
 @click.option(
     "--export",
     "export",
-    type=click.Path(dir_okay=False),
+    type=OutputFile(),
     default=None,
     help="Write the prefix tree as GraphML (networkx) to this file.",
 )
@@ -159,7 +202,7 @@ def reuse(
     top_k: int,
     depth: int,
     budget: float,
-    export: str | None,
+    export: pathlib.Path | None,
     max_requests: int | None,
     as_json: bool,
 ) -> None:
@@ -196,7 +239,7 @@ def reuse(
     }
     if export is not None:
         export_graphml(tree, export)
-        doc["export"] = export
+        doc["export"] = str(export)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return

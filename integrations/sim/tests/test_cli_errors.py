@@ -1,0 +1,135 @@
+"""Bad values on the command line: exit status 2 and the flag's name, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from click.testing import CliRunner
+
+from kvpolicy.sim.cli import main
+
+
+def _run(*args: str) -> tuple[int, str, BaseException | None]:
+    result = CliRunner().invoke(main, list(args))
+    error = result.exception if not isinstance(result.exception, SystemExit) else None
+    return result.exit_code, result.output, error
+
+
+@pytest.fixture
+def trace(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A small Mooncake-shaped hash trace: 30 requests in time order."""
+    rows = [{"timestamp": 1000 * i, "hash_ids": [1, 2, 3 + i % 4]} for i in range(30)]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _write(tmp_path: pathlib.Path, name: str, data: bytes) -> str:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path)
+
+
+class TestTiers:
+    @pytest.mark.parametrize(
+        ("args", "flag"),
+        [
+            (["--depth", "0"], "--depth"),
+            (["--depth", "-1"], "--depth"),
+            (["--budget", "-5"], "--budget"),
+            (["--budget", "0"], "--budget"),
+            (["--budget", "nan"], "--budget"),
+            (["--budget", "inf"], "--budget"),
+            (["--export", "/nonexistent/dir/tree.graphml"], "--export"),
+        ],
+    )
+    def test_reuse_options(self, trace: pathlib.Path, args: list[str], flag: str) -> None:
+        """Each bad option of `tiers reuse` is a usage error that names it."""
+        code, out, error = _run("tiers", "reuse", "--trace", str(trace), *args)
+        assert error is None
+        assert code == 2
+        assert flag in out
+
+    def test_unknown_model_lists_the_known(self, trace: pathlib.Path) -> None:
+        """`tiers plan --model Llama-4-8B` names the flag and the presets."""
+        code, out, error = _run("tiers", "plan", "--trace", str(trace), "--model", "Llama-4-8B")
+        assert (error, code) == (None, 2)
+        assert "--model" in out
+        assert "Llama-3-8B" in out
+
+    def test_model_names_in_any_case(self, trace: pathlib.Path) -> None:
+        """`--model llama-3-8b` is the Llama-3-8B preset."""
+        code, out, error = _run(
+            "tiers", "plan", "--trace", str(trace), "--model", "llama-3-8b", "--max-requests", "5"
+        )
+        assert (error, code) == (None, 0), out
+
+    @pytest.mark.parametrize(
+        ("data", "why"),
+        [
+            (bytes(range(256)) * 4, "not text"),
+            (b"timestamp,input_length,output_length,hash_ids\n1,2,3,4\n", "line 1: not JSON"),
+            (b'{"timestamp": 0}\n', "line 1: no 'hash_ids'"),
+            (b'{"hash_ids": [1]}\n', "line 1: no 'timestamp' or 'time'"),
+            (b'{"timestamp": "x", "hash_ids": [1]}\n', "line 1: a value is not a number"),
+            (b'{"timestamp": -5000, "hash_ids": [1]}\n', "line 1: time -5.0 s"),
+            (b'{"time": 2, "hash_ids": [1]}\n{"time": 1, "hash_ids": [2]}\n', "line 2: time 1.0"),
+            (b'{"time": NaN, "hash_ids": [1]}\n', "line 1: time nan"),
+        ],
+    )
+    @pytest.mark.parametrize("command", ["reuse", "plan"])
+    def test_bad_traces(self, tmp_path: pathlib.Path, data: bytes, why: str, command: str) -> None:
+        """A binary file, a CSV, missing fields, negative or shuffled times: the file, the
+        line and what is wrong, with the format expected."""
+        path = _write(tmp_path, "t.jsonl", data)
+        code, out, error = _run("tiers", command, "--trace", path)
+        assert (error, code) == (None, 2)
+        flat = " ".join(out.split())
+        assert "--trace" in flat
+        assert why in flat
+        assert "JSONL hash trace" in flat
+
+
+class TestKvPlan:
+    @pytest.mark.parametrize(
+        ("args", "flag"),
+        [
+            (["--context", "0"], "--context"),
+            (["--block-size", "0"], "--block-size"),
+            (["--block-size", str(10**30)], "--block-size"),
+            (["--tp", "0"], "--tp"),
+            (["--pp", "-1"], "--pp"),
+            (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization"),
+            (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+            (["--gpu-memory-utilization", "nan"], "--gpu-memory-utilization"),
+            (["--kv-dtype", "fp3"], "--kv-dtype"),
+        ],
+    )
+    def test_flags_not_internal_names(self, args: list[str], flag: str) -> None:
+        """Errors name the flag, not the library's parameter (`context_len`)."""
+        code, out, error = _run("kv", "plan", "--model", "Llama-3-8B", "--gpu", "H100-SXM", *args)
+        assert (error, code) == (None, 2)
+        assert flag in out
+        assert "context_len" not in out
+
+    def test_presets_in_any_case(self) -> None:
+        """`kv plan --model llama-3-8b --gpu h100-sxm` plans the presets."""
+        code, out, error = _run(
+            "kv", "plan", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--json"
+        )
+        assert (error, code) == (None, 0), out
+        assert json.loads(out)["model"] == "Llama-3-8B"
+
+
+class TestOutputFiles:
+    def test_admit_plot_into_a_missing_folder(self) -> None:
+        """`admit simulate --plot /nonexistent/dir/x.png` fails before it simulates."""
+        code, out, error = _run(
+            "admit", "simulate", "--input-len", "20", "--decode-len", "20", "--memory", "1000",
+            "--steps", "50", "--plot", "/nonexistent/dir/x.png",
+        )  # fmt: skip
+        assert (error, code) == (None, 2)
+        assert "--plot" in out
+        assert "does not exist" in " ".join(out.split())
