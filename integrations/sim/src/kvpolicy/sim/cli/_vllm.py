@@ -73,7 +73,10 @@ def crosscheck_cmd(
     except ImportError as exc:
         raise click.UsageError(
             f"the cross-check needs kvpolicy-vllm and vLLM 0.32 ({exc}): "
-            "pip install ./integrations/vllm 'vllm==0.32.0' (or run `nox -s vllm`)"
+            "pip install --extra-index-url https://download.pytorch.org/whl/cpu "
+            "./integrations/vllm 'vllm==0.32.0' && pip uninstall -y torchvision torchaudio "
+            "torchcodec (vLLM's CUDA-linked builds of those break its imports on a CPU "
+            "machine), or run `nox -s vllm`"
         ) from exc
     try:
         config = None if kvpolicy_json is None else json.loads(kvpolicy_json)

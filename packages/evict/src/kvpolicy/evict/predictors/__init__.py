@@ -55,7 +55,8 @@ def __getattr__(name: str) -> Any:
             module = importlib.import_module("kvpolicy.evict.predictors._mlp")
         except ImportError as exc:
             raise ImportError(
-                f"{name} needs torch: pip install --find-links dist 'kvpolicy-evict[torch]' ({exc})"
+                f"{name} needs torch: pip install --find-links dist --extra-index-url "
+                f"https://download.pytorch.org/whl/cpu 'kvpolicy-evict[torch]' ({exc})"
             ) from exc
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

