@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -133,3 +135,28 @@ class TestOutputFiles:
         assert (error, code) == (None, 2)
         assert "--plot" in out
         assert "does not exist" in " ".join(out.split())
+
+
+class TestStartup:
+    def test_help_imports_no_command_module(self) -> None:
+        """`kvpolicy --help` lists every command without importing one (nor scipy)."""
+        code = (
+            "import sys\n"
+            "from click.testing import CliRunner\n"
+            "from kvpolicy.sim.cli import main\n"
+            "out = CliRunner().invoke(main, ['--help']).output\n"
+            "assert all(n in out for n in ('admit', 'demo', 'evict', 'kv', 'sim', 'tenancy',"
+            " 'tiers', 'vllm')), out\n"
+            "loaded = sorted(m for m in sys.modules if m.startswith('kvpolicy.sim.cli._')"
+            " or m.startswith('scipy'))\n"
+            "assert loaded == [], loaded\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+    def test_sim_keeps_its_subcommands(self) -> None:
+        """`kvpolicy sim --help` lists the commands kept in modules of their own."""
+        code, out, error = _run("sim", "--help")
+        assert (error, code) == (None, 0)
+        assert "fit-attention" in out
+        assert "backend" in out

@@ -19,7 +19,6 @@ from functools import reduce
 import numpy as np
 from attrs import frozen
 from numpy.typing import NDArray
-from scipy.optimize import brentq
 
 from kvpolicy.admit._errors import RootFindingError
 from kvpolicy.admit._workload import StabilityWorkload
@@ -267,6 +266,8 @@ def min_stable_input_len(decode_lens: tuple[int, ...], mix: tuple[float, ...]) -
     # window far narrower than the grid: rank the sign changes by |S| at their ends.
     near = np.minimum(np.abs(s_hat[changes]), np.abs(s_hat[changes + 1]))
     order = np.argsort(near)[:32]
+    # scipy.optimize takes ~0.7 s to import: only where a crossing is refined.
+    from scipy.optimize import brentq
     best = crossing(math.pi)
     for j in changes[order]:
         theta = brentq(f_imag, thetas[j], thetas[j + 1], xtol=1e-15, rtol=1e-15)
