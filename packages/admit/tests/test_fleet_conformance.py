@@ -23,6 +23,7 @@ from kvpolicy.kvmodel import (
     Router,
     RoutingRequest,
     build,
+    describe,
 )
 
 
@@ -58,6 +59,23 @@ def test_every_declared_name_is_covered() -> None:
         "weighted",
     }
     assert set(AUTOSCALERS) >= {"planner", "static", "threshold"}
+
+
+BAD_ROUTER_PARAMS: Mapping[str, tuple[str, object, str]] = {
+    "mixing": ("classes", [], r"'classes' must not be empty: \[\]"),
+    "power-of-two": ("seed", 1.5, r"'seed' must be an int: 1\.5"),
+    "prefix-aware": ("tier_weights", {"gpu": 2.0}, r"'tier_weights\['gpu'\]' must be in"),
+    "random": ("seed", "x", "'seed' must be an int: 'x'"),
+    "weighted": ("scorers", {"latency": 1.0}, "'scorers' names unknown scorer 'latency'"),
+}
+
+
+def test_unknown_names_list_the_known() -> None:
+    """An unknown router or autoscaler lists the installed ones."""
+    with pytest.raises(RegistryError, match=r"unknown router 'nope'; known: .*least-kv"):
+        build(ROUTING, "nope")
+    with pytest.raises(RegistryError, match=r"unknown autoscaler 'nope'; known: .*planner"):
+        build(AUTOSCALING, "nope")
 
 
 def _router(name: str, **extra: object) -> Router:
@@ -132,6 +150,15 @@ class TestRouterConformance:
         """A param the router does not take is named, with the accepted ones."""
         with pytest.raises(RegistryError, match=f"router '{name}': unknown param 'nope'"):
             _router(name, nope=1)
+
+    def test_bad_param_value_is_named(self, name: str) -> None:
+        """A bad value of a router's param is an error naming the param and the value."""
+        if name not in BAD_ROUTER_PARAMS:
+            assert describe(ROUTING, name) == (), "add a bad value for it"
+            return
+        param, value, message = BAD_ROUTER_PARAMS[name]
+        with pytest.raises(RegistryError, match=f"router '{name}': {message}"):
+            _router(name, **{param: value})
 
     def test_wrong_replica_type(self, name: str) -> None:
         """A replica that is not a ReplicaView is a TypeError naming it."""

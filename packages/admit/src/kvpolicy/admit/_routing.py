@@ -16,7 +16,7 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import attrs
 from attrs import define, field, frozen
@@ -63,7 +63,7 @@ def eligible_replicas(
     """
     if not isinstance(request, RoutingRequest):
         raise TypeError(f"'request' must be a RoutingRequest: {request!r}")
-    if isinstance(replicas, str | bytes) or not isinstance(replicas, Sequence):
+    if isinstance(cast(object, replicas), str | bytes) or not isinstance(replicas, Sequence):
         raise TypeError(f"'replicas' must be a sequence of ReplicaView: {replicas!r}")
     seen: set[str] = set()
     for i, view in enumerate(replicas):
@@ -288,13 +288,15 @@ _SCORERS: Mapping[str, type[ReplicaScorer]] = MappingProxyType(
 )
 
 
-def _scorers(
-    value: Mapping[str | ReplicaScorer, float] | Iterable[tuple[ReplicaScorer, float]],
-) -> tuple[tuple[ReplicaScorer, float], ...]:
+def _scorers(value: object) -> tuple[tuple[ReplicaScorer, float], ...]:
     """Scorers by name (``{"prefix": 3, ...}``) or as ``(scorer, weight)`` pairs."""
-    pairs = value.items() if isinstance(value, Mapping) else value
-    if isinstance(pairs, str | bytes) or not isinstance(pairs, Iterable):
+    pairs: Iterable[object]
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise TypeError(f"'scorers' must map scorers to weights: {value!r}")
+    else:
+        pairs = value
     out: list[tuple[ReplicaScorer, float]] = []
     for pair in pairs:
         if not isinstance(pair, tuple) or len(pair) != 2:

@@ -47,7 +47,7 @@ def _non_empty_str(_inst: object, attribute: attrs.Attribute[str], value: str) -
         raise ValueError(f"'{attribute.name}' must not be empty: {value!r}")
 
 
-def _hashes(value: Iterable[int]) -> tuple[int, ...]:
+def _hashes(value: object) -> tuple[int, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise TypeError(f"'block_hashes' must be a sequence of int: {value!r}")
     out = tuple(value)
@@ -57,11 +57,15 @@ def _hashes(value: Iterable[int]) -> tuple[int, ...]:
     return out
 
 
-def _tier_blocks(value: Mapping[str, Iterable[int]] | TierBlocks) -> TierBlocks:
+def _tier_blocks(value: object) -> TierBlocks:
     """``{tier: hashes}`` (or its pairs) as pairs sorted by tier, each set frozen."""
-    pairs = value.items() if isinstance(value, Mapping) else value
-    if isinstance(pairs, str | bytes) or not isinstance(pairs, Iterable):
+    pairs: Iterable[object]
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise TypeError(f"'prefix_blocks' must map tier names to block hashes: {value!r}")
+    else:
+        pairs = value
     out: dict[str, frozenset[int]] = {}
     for pair in pairs:
         if not isinstance(pair, tuple) or len(pair) != 2:
@@ -140,13 +144,13 @@ class RoutingRequest:
     """Class or tenant label (a mixing router routes by it)."""
 
 
-def _views(value: Iterable[ReplicaView]) -> tuple[ReplicaView, ...]:
+def _views(value: object) -> tuple[ReplicaView, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise TypeError(f"must be a sequence of ReplicaView: {value!r}")
     return tuple(value)
 
 
-def _ids(value: Iterable[str]) -> tuple[str, ...]:
+def _ids(value: object) -> tuple[str, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise TypeError(f"'provisioning' must be a sequence of replica ids: {value!r}")
     return tuple(value)
