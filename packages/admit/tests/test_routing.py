@@ -6,6 +6,7 @@ import pytest
 
 from kvpolicy.admit import (
     DEFAULT_TIER_WEIGHTS,
+    ChoiceScorer,
     KVScorer,
     LeastKVRouter,
     LeastRequestsRouter,
@@ -221,6 +222,20 @@ class TestWeighted:
         gpu_only = WeightedRouter([(PrefixScorer({"gpu": 1.0}), 1.0)])
         assert gpu_only.route(_request(), _fleet()) == "a"
 
+    def test_composes_routers(self) -> None:
+        """A router's choice scores 1: least-KV's pick b at weight 4 beats a's GPU prefix
+        (3 * 1.0) on blocks 1, 2; at weight 0.5 it does not (b: 0.5 + 3 * 0.75 = 2.75)."""
+        router = WeightedRouter([(ChoiceScorer(LeastKVRouter()), 4.0), ("prefix", 3.0)])
+        assert ChoiceScorer(RoundRobinRouter()).score(_request(), _fleet()) == (1.0, 0.0, 0.0, 0.0)
+        assert router.route(_request((1, 2)), _fleet()) == "b"
+        gpu_first = WeightedRouter([(ChoiceScorer(LeastKVRouter()), 0.5), ("prefix", 3.0)])
+        assert gpu_first.route(_request((1, 2)), _fleet()) == "a"
+
+    def test_choice_scorer_needs_a_router(self) -> None:
+        """A ChoiceScorer of something that is not a Router is a TypeError naming 'router'."""
+        with pytest.raises(TypeError, match="'router' must be a Router: 3"):
+            ChoiceScorer(3)  # type: ignore[arg-type]
+
     def test_tie_goes_to_the_first(self) -> None:
         """Equal totals: the first eligible replica."""
         fleet = [_replica("x", draining=True), _replica("y"), _replica("z")]
@@ -261,6 +276,18 @@ class TestMixing:
         assert picks == "g0g1g0g1g0g1g0g1g0g0g1g0g1g0g1g0g1g0g0g1"
         assert [router.route(_request(label="l6"), fleet) for _ in range(3)] == ["g0"] * 3
         assert [router.route(_request(label="l12"), fleet) for _ in range(3)] == ["g1"] * 3
+
+    def test_counts_follow_the_eligible_set(self) -> None:
+        """A draining replica added keeps the counts; another order starts them afresh."""
+        router = MixingRouter(TABLE_2, labels=["l5", "l10", "l6", "l12"])
+        pair = [_replica("g0"), _replica("g1")]
+        with_draining = [*pair, _replica("x", draining=True)]
+        picks = [
+            router.route(_request(label="l10"), pair),
+            router.route(_request(label="l10"), with_draining),
+            router.route(_request(label="l10"), pair[::-1]),
+        ]
+        assert picks == ["g0", "g1", "g1"]
 
     def test_plan_over_eligible_replicas(self) -> None:
         """A draining replica is not a GPU of the plan: one eligible replica takes all."""

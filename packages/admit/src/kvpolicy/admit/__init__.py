@@ -48,6 +48,7 @@ from kvpolicy.admit._policies import (
 )
 from kvpolicy.admit._routing import (
     DEFAULT_TIER_WEIGHTS,
+    ChoiceScorer,
     KVScorer,
     LeastKVRouter,
     LeastRequestsRouter,
@@ -82,6 +83,7 @@ __all__ = [
     "DEFAULT_TIER_WEIGHTS",
     "AdmitError",
     "AlertKind",
+    "ChoiceScorer",
     "EvictionAlert",
     "EvictionMonitor",
     "GreedyAdmission",

@@ -23,10 +23,11 @@ from attrs import define, field, frozen
 
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
-from kvpolicy.kvmodel import ReplicaView, RoutingRequest
+from kvpolicy.kvmodel import ReplicaView, Router, RoutingRequest
 
 __all__ = [
     "DEFAULT_TIER_WEIGHTS",
+    "ChoiceScorer",
     "KVScorer",
     "LeastKVRouter",
     "LeastRequestsRouter",
@@ -283,6 +284,25 @@ class KVScorer:
         return tuple(1.0 - r.kv_usage for r in replicas)
 
 
+def _router(_inst: object, attribute: attrs.Attribute[Router], value: object) -> None:
+    if not isinstance(value, Router):
+        raise TypeError(f"'{attribute.name}' must be a Router: {value!r}")
+
+
+@frozen
+class ChoiceScorer:
+    """A router as a scorer: 1 for the replica it picks, 0 for the others, so that a
+    :class:`WeightedRouter` composes routers as well as scores."""
+
+    router: Router = field(validator=_router)
+    """The router whose choice scores 1."""
+
+    def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
+        """1.0 for ``router``'s choice among ``replicas``, 0.0 for the rest."""
+        choice = self.router.route(request, replicas)
+        return tuple(1.0 if r.replica_id == choice else 0.0 for r in replicas)
+
+
 _SCORERS: Mapping[str, type[ReplicaScorer]] = MappingProxyType(
     {"kv": KVScorer, "prefix": PrefixScorer, "queue": QueueScorer, "requests": RequestsScorer}
 )
@@ -328,7 +348,8 @@ class WeightedRouter:
 
     ``WeightedRouter()`` is llm-d's default: prefix-cache 3, queue 2, KV-cache 2.
     ``WeightedRouter({"prefix": 1, "requests": 1})`` or ``WeightedRouter([(PrefixScorer(
-    {"gpu": 1.0}), 2.0), (KVScorer(), 1.0)])`` compose others.
+    {"gpu": 1.0}), 2.0), (KVScorer(), 1.0)])`` compose others, and
+    ``(ChoiceScorer(router), weight)`` adds any router's choice.
     """
 
     scorers: tuple[tuple[ReplicaScorer, float], ...] = field(
@@ -417,7 +438,8 @@ class MixingRouter:
     margin: float = field(default=1e-3, converter=float, validator=_margin)
     """Spectral gap each replica's mix must keep (``plan_routing``'s ``margin``)."""
     _plans: dict[int, RoutingPlan] = field(init=False, factory=dict)
-    _sent: dict[tuple[str, ...], list[list[int]]] = field(init=False, factory=dict)
+    _replicas: tuple[str, ...] = field(init=False, default=())
+    _sent: list[list[int]] = field(init=False, factory=list)
 
     def __attrs_post_init__(self) -> None:
         if self.labels is None:
@@ -454,7 +476,10 @@ class MixingRouter:
         k = labels.index(request.label)
         fractions = self.plan(len(eligible)).fractions
         key = tuple(r.replica_id for r in eligible)
-        sent = self._sent.setdefault(key, [[0] * len(eligible) for _ in self.classes])[k]
+        if key != self._replicas:
+            self._replicas = key
+            self._sent = [[0] * len(eligible) for _ in self.classes]
+        sent = self._sent[k]
         n = sum(sent) + 1
         g = max(range(len(eligible)), key=lambda i: (fractions[i][k] * n - sent[i], -i))
         sent[g] += 1
