@@ -4,7 +4,8 @@ Seed 002 as a library: the discrete-time model of a memory-constrained server (e
 arrive, evict, admit) in fluid and integer form; the eviction-free rate ``x*``, the worst
 cycle, limit cycles; the characteristic polynomial, its spectral radius, the GCD test and
 the finite-input threshold; greedy and rate-limited admission policies for a real server
-loop; request mixing across GPUs; and an eviction early-warning monitor.
+loop; request mixing across GPUs; an eviction early-warning monitor; and a fleet's routers
+and autoscalers.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from kvpolicy.admit._analysis import (
     transition_matrix,
     worst_cycle_ratio,
     worst_cycle_throughput,
+)
+from kvpolicy.admit._autoscaling import (
+    PlannerAutoscaler,
+    StaticAutoscaler,
+    ThresholdAutoscaler,
+    replica_token_rate,
 )
 from kvpolicy.admit._cycles import LimitCycle, detect_limit_cycle
 from kvpolicy.admit._errors import AdmitError, RootFindingError
@@ -39,6 +46,25 @@ from kvpolicy.admit._policies import (
     RateLimitedAdmission,
     RequestClass,
 )
+from kvpolicy.admit._routing import (
+    DEFAULT_TIER_WEIGHTS,
+    ChoiceScorer,
+    KVScorer,
+    LeastKVRouter,
+    LeastRequestsRouter,
+    MixingRouter,
+    PowerOfTwoRouter,
+    PrefixAwareRouter,
+    PrefixScorer,
+    QueueScorer,
+    RandomRouter,
+    ReplicaScorer,
+    RequestsScorer,
+    RoundRobinRouter,
+    WeightedRouter,
+    eligible_replicas,
+    prefix_match,
+)
 from kvpolicy.admit._spectral import (
     StabilityReport,
     analyze_stability,
@@ -54,24 +80,42 @@ from kvpolicy.admit._spectral import (
 from kvpolicy.admit._workload import StabilityWorkload
 
 __all__ = [
+    "DEFAULT_TIER_WEIGHTS",
     "AdmitError",
     "AlertKind",
+    "ChoiceScorer",
     "EvictionAlert",
     "EvictionMonitor",
     "GreedyAdmission",
+    "KVScorer",
+    "LeastKVRouter",
+    "LeastRequestsRouter",
     "LimitCycle",
     "MixVerdict",
+    "MixingRouter",
     "ModelResult",
+    "PlannerAutoscaler",
     "PoissonArrivals",
+    "PowerOfTwoRouter",
+    "PrefixAwareRouter",
+    "PrefixScorer",
+    "QueueScorer",
+    "RandomRouter",
     "RateEstimate",
     "RateLimitedAdmission",
+    "ReplicaScorer",
     "RequestClass",
+    "RequestsScorer",
     "RootFindingError",
+    "RoundRobinRouter",
     "RoutingPlan",
     "SaturatedArrivals",
     "StabilityReport",
     "StabilityWorkload",
+    "StaticAutoscaler",
+    "ThresholdAutoscaler",
     "TraceArrivals",
+    "WeightedRouter",
     "__version__",
     "analyze_stability",
     "asymptotic_min_input_len",
@@ -79,6 +123,7 @@ __all__ = [
     "count_roots_outside",
     "decode_gcd",
     "detect_limit_cycle",
+    "eligible_replicas",
     "eviction_free_rate",
     "eviction_level",
     "fixed_point",
@@ -89,6 +134,8 @@ __all__ = [
     "mix_verdict",
     "plan_routing",
     "polynomial_roots",
+    "prefix_match",
+    "replica_token_rate",
     "simulate_model",
     "spectral_radius",
     "spread",

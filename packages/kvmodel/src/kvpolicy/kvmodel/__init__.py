@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kvpolicy.kvmodel.__about__ import __version__
 from kvpolicy.kvmodel._errors import BlockPoolError, KVModelError, UnknownPresetError
+from kvpolicy.kvmodel._fleet import FleetView, ReplicaView, RoutingRequest
 from kvpolicy.kvmodel._planning import (
     CapacityError,
     CapacityPlan,
@@ -27,21 +28,25 @@ from kvpolicy.kvmodel._pool import (
 from kvpolicy.kvmodel._presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
 from kvpolicy.kvmodel._protocols import (
     AdmissionPolicy,
+    Autoscaler,
     CompletionObserver,
     EvictionPolicy,
     PreemptionPolicy,
     PrefixStore,
     PromptObserver,
     RequestGate,
+    Router,
     Scheduled,
     ThroughputScalable,
 )
 from kvpolicy.kvmodel._registry import (
     ADMISSION,
+    AUTOSCALING,
     EVICTION,
     GATEWAY,
     GROUPS,
     PREEMPTION,
+    ROUTING,
     TIERS,
     WORKLOAD_FORMATS,
     Group,
@@ -73,6 +78,7 @@ from kvpolicy.kvmodel._utilisation import (
 
 __all__ = [
     "ADMISSION",
+    "AUTOSCALING",
     "EVICTION",
     "GATEWAY",
     "GPU_PRESETS",
@@ -80,17 +86,20 @@ __all__ = [
     "KV_DTYPE_BYTES",
     "MODEL_PRESETS",
     "PREEMPTION",
+    "ROUTING",
     "TIERS",
     "WORKLOAD_FORMATS",
     "AdmissionPolicy",
     "Allocation",
     "AttentionSource",
+    "Autoscaler",
     "BlockPool",
     "BlockPoolError",
     "CapacityError",
     "CapacityPlan",
     "CompletionObserver",
     "EvictionPolicy",
+    "FleetView",
     "GPUSpec",
     "GateDecision",
     "Group",
@@ -104,10 +113,13 @@ __all__ = [
     "PromptObserver",
     "RegistryError",
     "RegistryTypeError",
+    "ReplicaView",
     "Request",
     "RequestGate",
     "ResidencyError",
     "ResidencyLedger",
+    "Router",
+    "RoutingRequest",
     "Scheduled",
     "SchedulerState",
     "SequenceView",

@@ -16,16 +16,19 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
+from kvpolicy.kvmodel._fleet import FleetView, ReplicaView, RoutingRequest
 from kvpolicy.kvmodel._types import GateDecision, Request, SchedulerState, SequenceView, TierFetch
 
 __all__ = [
     "AdmissionPolicy",
+    "Autoscaler",
     "CompletionObserver",
     "EvictionPolicy",
     "PreemptionPolicy",
     "PrefixStore",
     "PromptObserver",
     "RequestGate",
+    "Router",
     "Scheduled",
     "ThroughputScalable",
 ]
@@ -210,4 +213,36 @@ class PromptObserver(Protocol):
 
     def observe_prompt(self, block_hashes: Sequence[int], time: float) -> None:
         """Record that a prompt with these chained block hashes arrived at ``time``."""
+        ...
+
+
+@runtime_checkable
+class Router(Protocol):
+    """Picks the replica of a fleet that serves one request (after the gateway admitted it)."""
+
+    def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
+        """The ``replica_id`` of one of ``replicas`` for ``request``, or None.
+
+        Args:
+            request: the request to place.
+            replicas: the fleet's replicas as last observed (views may be stale), draining
+                ones included.
+
+        Returns:
+            The id of a replica in ``replicas`` that is not draining; None only when every
+            replica is draining (or there is none): no replica can take the request.
+        """
+        ...
+
+
+@runtime_checkable
+class Autoscaler(Protocol):
+    """Sizes a fleet: the replica count it should have, decided at one time."""
+
+    def target(self, fleet: FleetView) -> int:
+        """The number of replicas (>= 1) the fleet should have from ``fleet.time`` on.
+
+        The caller starts replicas (after a provisioning delay) or drains them until up
+        plus provisioning replicas equal the target.
+        """
         ...

@@ -43,20 +43,24 @@ from attrs.validators import ge, gt, instance_of
 from kvpolicy.kvmodel._errors import KVModelError
 from kvpolicy.kvmodel._protocols import (
     AdmissionPolicy,
+    Autoscaler,
     EvictionPolicy,
     PreemptionPolicy,
     PrefixStore,
     RequestGate,
+    Router,
 )
 from kvpolicy.kvmodel._specs import ModelSpec
 from kvpolicy.kvmodel._types import Request
 
 __all__ = [
     "ADMISSION",
+    "AUTOSCALING",
     "EVICTION",
     "GATEWAY",
     "GROUPS",
     "PREEMPTION",
+    "ROUTING",
     "TIERS",
     "WORKLOAD_FORMATS",
     "Group",
@@ -108,8 +112,21 @@ TIERS: Group[PrefixStore] = Group("kvpolicy.tiers", "prefix store", PrefixStore)
 """KV prefix tiers below HBM (kvpolicy-tiers)."""
 WORKLOAD_FORMATS: Group[object] = Group("kvpolicy.workload_formats", "trace format")
 """Loaders of public trace formats (the simulator's workloads)."""
+ROUTING: Group[Router] = Group("kvpolicy.routing", "router", Router)
+"""Which replica of a fleet serves a request (kvpolicy-admit)."""
+AUTOSCALING: Group[Autoscaler] = Group("kvpolicy.autoscaling", "autoscaler", Autoscaler)
+"""How many replicas a fleet should have (kvpolicy-admit, kvpolicy-tenancy)."""
 
-GROUPS: tuple[Group[Any], ...] = (ADMISSION, EVICTION, PREEMPTION, GATEWAY, TIERS, WORKLOAD_FORMATS)
+GROUPS: tuple[Group[Any], ...] = (
+    ADMISSION,
+    EVICTION,
+    PREEMPTION,
+    GATEWAY,
+    TIERS,
+    WORKLOAD_FORMATS,
+    ROUTING,
+    AUTOSCALING,
+)
 """Every group, in the order of a serving stack."""
 
 

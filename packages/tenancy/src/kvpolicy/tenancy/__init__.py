@@ -8,6 +8,7 @@ Retry-After from the capacity model; state stores.
 from __future__ import annotations
 
 from kvpolicy.tenancy.__about__ import __version__
+from kvpolicy.tenancy._autoscale import TokenPoolAutoscaler
 from kvpolicy.tenancy._classes import (
     DEDICATED,
     ELASTIC,
@@ -66,6 +67,7 @@ __all__ = [
     "TenancyError",
     "TokenEntitlement",
     "TokenPool",
+    "TokenPoolAutoscaler",
     "TokenPoolGate",
     "UnknownRequestError",
     "__version__",

@@ -1,0 +1,123 @@
+"""Seed 004's capacity model sizing the fleet: the token pool's autoscaler (§4.2).
+
+A token pool is "an autoscaling group of GPU workers" whose entitlements "authorize both
+admission and autoscaling from the same capacity model": the pool needs the replicas that
+fund what its entitlements committed, in each of the three dimensions (tokens/s, KV bytes,
+concurrency), plus the burst observed above those commitments, between the pool's
+``scaling: {minReplicas, maxReplicas}``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+from attrs.validators import instance_of
+
+from kvpolicy.kvmodel import FleetView, ServerContext
+from kvpolicy.tenancy._entitlements import Resources, TokenPool
+from kvpolicy.tenancy._manifest import load_manifest
+
+__all__ = ["TokenPoolAutoscaler"]
+
+
+def _replicas(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"'{attribute.name}' must be an int: {value!r}")
+    if value < 1:
+        raise ValueError(f"'{attribute.name}' must be >= 1: {value!r}")
+
+
+@frozen
+class TokenPoolAutoscaler:
+    """Replicas that fund the entitlements' commitments and the observed burst.
+
+    Committed is the sum of the baselines of the entitlements whose class honours one
+    (reserved: dedicated, guaranteed; time-averaged: elastic); spot and preemptible
+    entitlements are promised nothing. Observed is the fleet's served tokens/s, the KV bytes
+    in use on the replicas up (KV usage times a replica's KV bytes) and their running and
+    waiting requests plus those queued at the front door. Each dimension needs
+    ``max(committed, observed)`` (the commitment plus the burst above it) ÷ one replica's
+    capacity, rounded up; the target is the largest, clamped to ``[min_replicas,
+    max_replicas]``.
+    """
+
+    pool: TokenPool = field(validator=instance_of(TokenPool))
+    """The pool and its entitlements."""
+    replica: Resources = field(validator=instance_of(Resources))
+    """What one replica serves: tokens/s, KV bytes and concurrent sequences."""
+    min_replicas: int = field(default=1, validator=_replicas)
+    """Fewest replicas (the pool's ``minReplicas``, >= 1)."""
+    max_replicas: int = field(default=10, validator=_replicas)
+    """Most replicas (the pool's ``maxReplicas``, >= ``min_replicas``)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"'min_replicas' must be <= 'max_replicas' ({self.max_replicas}): "
+                f"{self.min_replicas!r}"
+            )
+
+    @classmethod
+    def for_pool(
+        cls,
+        pool: TokenPool | Mapping[str, Any] | str | os.PathLike[str],
+        replica: Resources | None = None,
+        min_replicas: int = 1,
+        max_replicas: int = 10,
+        *,
+        context: ServerContext | None = None,
+    ) -> TokenPoolAutoscaler:
+        """The autoscaler of a pool given as a :class:`TokenPool` or a manifest (a mapping
+        or a file), each replica sized as ``replica`` or, without it, as the server of
+        ``context`` (its tokens/s, KV pool in bytes and batch size). The ``token-pool``
+        entry point of ``kvpolicy.autoscaling``.
+
+        Raises:
+            ValueError: neither ``replica`` nor ``context`` is given.
+        """
+        if not isinstance(pool, TokenPool):
+            pool = load_manifest(pool)
+        if replica is None:
+            if context is None:
+                raise ValueError("'replica' is required without the server's context")
+            replica = Resources(
+                tokens_per_s=context.tokens_per_s,
+                kv_bytes=context.kv_capacity_tokens * context.model.kv_bytes_per_token(),
+                concurrency=context.max_batch,
+            )
+        return cls(pool, replica, min_replicas, max_replicas)
+
+    @property
+    def committed(self) -> tuple[float, int, int]:
+        """``(tokens_per_s, kv_bytes, concurrency)`` the entitlements' baselines commit."""
+        tps, kv, conc = 0.0, 0, 0
+        for ent in self.pool.entitlements:
+            if ent.service_class.baseline != "none":
+                tps += ent.baseline.tokens_per_s
+                kv += ent.baseline.kv_bytes
+                conc += ent.baseline.concurrency
+        return tps, kv, conc
+
+    def observed(self, fleet: FleetView) -> tuple[float, float, int]:
+        """``(tokens_per_s, kv_bytes, concurrency)`` the fleet uses or asks for now."""
+        kv = math.fsum(r.kv_usage for r in fleet.up) * self.replica.kv_bytes
+        conc = sum(r.running + r.waiting for r in fleet.up) + fleet.queued
+        return fleet.tokens_per_s, kv, conc
+
+    def target(self, fleet: FleetView) -> int:
+        """The replicas the busiest dimension needs, clamped to the bounds."""
+        if not isinstance(fleet, FleetView):
+            raise TypeError(f"'fleet' must be a FleetView: {fleet!r}")
+        capacity = (self.replica.tokens_per_s, self.replica.kv_bytes, self.replica.concurrency)
+        need = max(
+            math.ceil(max(committed, observed) / per_replica)
+            for committed, observed, per_replica in zip(
+                self.committed, self.observed(fleet), capacity, strict=True
+            )
+        )
+        return max(self.min_replicas, min(self.max_replicas, need))
