@@ -160,3 +160,27 @@ class TestStartup:
         assert (error, code) == (None, 0)
         assert "fit-attention" in out
         assert "backend" in out
+
+
+class TestPipedTables:
+    def test_wide_tables_are_not_cut(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """Piped (not a terminal), a table as wide as evict eval's keeps every cell whole,
+        where rich's default 80 columns cut them to "…"."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from kvpolicy.sim.cli._params import table_console
+
+        def table() -> Table:
+            t = Table()
+            for k in range(10):
+                t.add_column(f"column number {k}")
+            t.add_row(*(f"value {k} of the row" for k in range(10)))
+            return t
+
+        Console(width=80).print(table())
+        assert "…" in capsys.readouterr().out
+        table_console().print(table())
+        out = capsys.readouterr().out
+        assert "…" not in out
+        assert "value 9 of the row" in out

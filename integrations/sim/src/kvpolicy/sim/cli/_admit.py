@@ -7,7 +7,6 @@ import json
 import pathlib
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from kvpolicy.admit import (
@@ -21,7 +20,7 @@ from kvpolicy.admit import (
     worst_cycle_ratio,
     worst_cycle_throughput,
 )
-from kvpolicy.sim.cli._params import OutputFile
+from kvpolicy.sim.cli._params import OutputFile, table_console
 
 __all__ = ["group"]
 
@@ -108,7 +107,7 @@ def analyze(input_len: str, decode_len: str, mix: str | None, memory: int, as_js
         table.add_row(
             "shortest stable prompt (asymptotic)", f"{report.min_input_len_asymptotic:.1f}"
         )
-    Console().print(table)
+    table_console().print(table)
 
 
 def _arrivals(text: str) -> SaturatedArrivals | PoissonArrivals:
@@ -228,4 +227,4 @@ def simulate_cmd(
     table.add_row("final queue", f"{doc['final_queue']:.6g}")
     if plot is not None:
         table.add_row("plot", str(plot))
-    Console().print(table)
+    table_console().print(table)

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvpolicy.evict.quality import FULL, POLICY_CHOICES, require_quality_deps
+from kvpolicy.sim.cli._params import table_console
 
 __all__ = ["group"]
 
@@ -364,7 +365,7 @@ def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_j
         if task == "lookup":
             cells.append("-" if r["accuracy"] is None else f"{r['accuracy']:.0%}")
         table.add_row(*cells)
-    Console().print(table)
+    table_console().print(table)
 
 
 @group.command("train")
@@ -458,7 +459,7 @@ def _train_report(console: Console, lm: Any, fitted: Any, compact_out: pathlib.P
         table.add_column(name, justify="right")
     for name, row in scores.items():
         table.add_row(name, *(f"{row[t]:.3f}" for t in records))
-    Console().print(table)
+    table_console().print(table)
 
 
 @group.command("stats")
@@ -493,4 +494,4 @@ def stats(tokens: int, text: pathlib.Path | None, as_json: bool) -> None:
     table.add_column("value", justify="right")
     for key, value in values.items():
         table.add_row(key, f"{value:.4g}")
-    Console().print(table)
+    table_console().print(table)

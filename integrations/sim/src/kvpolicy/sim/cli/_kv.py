@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from kvpolicy.kvmodel import CapacityError, KVModelError, get_gpu, get_model, plan_capacity
-from kvpolicy.sim.cli._params import GPU, KV_DTYPE, MODEL, FiniteFloat
+from kvpolicy.sim.cli._params import GPU, KV_DTYPE, MODEL, FiniteFloat, table_console
 
 __all__ = ["group"]
 
@@ -106,4 +105,4 @@ def plan(
     table.add_row("KV capacity", f"{result.kv_capacity_tokens:,} tokens")
     table.add_row(f"sequences of {result.context_len:,} tokens", f"{result.max_sequences:,}")
     table.add_row(f"blocks of {result.block_size} tokens", f"{result.num_blocks:,}")
-    Console().print(table)
+    table_console().print(table)

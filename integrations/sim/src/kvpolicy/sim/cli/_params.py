@@ -10,13 +10,23 @@ from __future__ import annotations
 import math
 import os
 import pathlib
+import sys
 from typing import Any
 
 import click
+from rich.console import Console
 
 from kvpolicy.kvmodel import GPU_PRESETS, KV_DTYPE_BYTES, MODEL_PRESETS
 
-__all__ = ["GPU", "KV_DTYPE", "MODEL", "FiniteFloat", "OutputFile", "PresetChoice"]
+__all__ = [
+    "GPU",
+    "KV_DTYPE",
+    "MODEL",
+    "FiniteFloat",
+    "OutputFile",
+    "PresetChoice",
+    "table_console",
+]
 
 
 class PresetChoice(click.Choice):  # type: ignore[type-arg]
@@ -63,3 +73,10 @@ class OutputFile(click.Path):
         if not folder.is_dir():
             self.fail(f"{str(value)!r}: the folder {str(folder)!r} does not exist.", param, ctx)
         return path
+
+
+def table_console() -> Console:
+    """A console for tables on standard output: the terminal's width on a terminal, and
+    wide enough that a piped or redirected table is never cut (rich assumes 80 columns
+    there, which folds and truncates wide tables)."""
+    return Console() if sys.stdout.isatty() else Console(width=240)

@@ -9,11 +9,10 @@ import time
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from kvpolicy.kvmodel import get_model
-from kvpolicy.sim.cli._params import MODEL, FiniteFloat, OutputFile
+from kvpolicy.sim.cli._params import MODEL, FiniteFloat, OutputFile, table_console
 from kvpolicy.tiers import (
     ReplayEvaluator,
     allocate_group_ttls,
@@ -156,7 +155,7 @@ def plan(
             *(f"{p[c]:.4g}" for c in ("dram_gib", "disk_gib", "latency_s")),
             *(f"{p[c]:.4g}" for c in ("throughput_rps", "cost")),
         )
-    Console().print(table)
+    table_console().print(table)
     if grid:
         click.echo(
             f"grid: {doc['grid_evaluations']} evaluations; "
@@ -262,5 +261,5 @@ def reuse(
             f"{g['ttl_s']:.1f}",
             f"{g['roi_ttl_s']:.1f}",
         )
-    Console().print(table)
+    table_console().print(table)
     click.echo(f"hits {alloc.hits}, cost {alloc.cost:.4g} of {budget:.4g} block-seconds")
