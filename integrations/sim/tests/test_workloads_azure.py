@@ -141,7 +141,31 @@ class TestLoadAzure:
     def test_wrong_header(self, tmp_path: pathlib.Path) -> None:
         """A file with another header is an error on line 1."""
         path = write_csv(tmp_path, "2023-11-16 18:15:46,1,1", header="time,in,out\n")
-        with pytest.raises(TraceFormatError, match="line 1: header must be"):
+        with pytest.raises(TraceFormatError, match="line 1: header must name"):
+            load_trace(path, "azure")
+
+    def test_extra_columns_keep_the_timestamps(self, tmp_path: pathlib.Path) -> None:
+        """An Azure CSV with one more column is read as Azure, by column name: its recorded
+        arrival times, not a lengths-only trace given invented ones."""
+        path = tmp_path / "more.csv"
+        path.write_text(
+            "ContextTokens,TIMESTAMP,Model,GeneratedTokens\n"
+            "100,2023-11-16 18:15:46.0000000,a,7\n"
+            "200,2023-11-16 18:15:48.5000000,b,9\n"
+        )
+        assert detect_format(path) == "azure"
+        w = load_trace(path)
+        assert [r.arrival_time for r in w.requests] == [0.0, 2.5]
+        assert [(r.prompt_len, r.decode_len) for r in w.requests] == [(100, 7), (200, 9)]
+
+    def test_repeated_column_is_refused(self, tmp_path: pathlib.Path) -> None:
+        """A header naming a column twice is an error on line 1."""
+        path = write_csv(
+            tmp_path,
+            "2023-11-16 18:15:46,1,1,2",
+            header="TIMESTAMP,ContextTokens,GeneratedTokens,TIMESTAMP\n",
+        )
+        with pytest.raises(TraceFormatError, match="each once"):
             load_trace(path, "azure")
 
     def test_limit_and_rate(self, tmp_path: pathlib.Path) -> None:

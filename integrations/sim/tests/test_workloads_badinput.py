@@ -258,3 +258,21 @@ class TestCutLastLine:
         path = write(tmp_path / "trace.jsonl", [MOONCAKE_ROW, MOONCAKE_ROW[:-5]], newline=False)
         with pytest.raises(TraceFormatError, match="line 2"):
             load_trace(path, "mooncake")
+
+
+class TestTraceHints:
+    def test_csv_read_as_mooncake_says_what_mooncake_is(self, tmp_path: pathlib.Path) -> None:
+        """A CSV passed as Mooncake: line 1 is not JSON, and the message says what a Mooncake
+        trace is, not only the JSON parser's complaint."""
+        path = tmp_path / "azure.csv"
+        path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,1,1\n")
+        with pytest.raises(TraceFormatError, match=r"line 1: not JSON .*Mooncake trace is JSONL"):
+            load_trace(path, "mooncake")
+
+    def test_folder_above_servegen_services_names_them(self, tmp_path: pathlib.Path) -> None:
+        """The folder above ServeGen's services lists the services to pass instead."""
+        for name in ("m-large", "m-small"):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "chunk-0-trace.csv").write_text("0,1,1,Gamma,1,1\n")
+        with pytest.raises(TraceFormatError, match="pass one of them: m-large, m-small"):
+            load_trace(tmp_path)

@@ -87,30 +87,37 @@ def load_azure(
     log = RowLog(path=os.fspath(p), skip_bad=skip_bad)
     rows: list[tuple[float, int, int, int, tuple[int, ...]]] = []
     ns_rows: list[tuple[int, int, int, int]] = []
-    last = LastLine(AZURE_HEADER[2])
+    last = LastLine(AZURE_HEADER[2])  # the last column's name, for the cut-line check
     notes: tuple[str, ...] = ()
     with p.open(newline="", encoding="utf-8-sig", errors="replace") as f:
         reader = csv.reader(f)
         header = next(reader, None)
-        if header is None or tuple(h.strip() for h in header) != AZURE_HEADER:
+        names = [h.strip() for h in header or ()]
+        if not set(AZURE_HEADER) <= set(names) or len(set(names)) != len(names):
             raise TraceFormatError(
-                log.path, 1, f"header must be {','.join(AZURE_HEADER)}: {header!r}"
+                log.path,
+                1,
+                f"header must name {','.join(AZURE_HEADER)} (other columns are ignored), "
+                f"each once: {header!r}",
             )
+        # By name: a trace with more columns keeps its timestamps and lengths.
+        t_col, p_col, d_col = (names.index(c) for c in AZURE_HEADER)
+        width = len(names)
         for fields in reader:
             if not fields:
                 continue
             line = reader.line_num
-            if len(fields) != 3:
-                log.bad(line, f"expected 3 fields, got {len(fields)}: {fields!r}")
+            if len(fields) != width:
+                log.bad(line, f"expected {width} fields, got {len(fields)}: {fields!r}")
                 continue
-            last.observe(line, fields[2])
+            last.observe(line, fields[-1])
             try:
                 try:
-                    ns = parse_timestamp_ns(fields[0])
+                    ns = parse_timestamp_ns(fields[t_col])
                 except ValueError as exc:
                     raise FieldError(AZURE_HEADER[0], str(exc)) from None
-                prompt = parse_length(fields[1].strip(), "ContextTokens")
-                decode = parse_length(fields[2].strip(), "GeneratedTokens")
+                prompt = parse_length(fields[p_col].strip(), "ContextTokens")
+                decode = parse_length(fields[d_col].strip(), "GeneratedTokens")
             except ValueError as exc:
                 log.bad(line, exc)
                 continue

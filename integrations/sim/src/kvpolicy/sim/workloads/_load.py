@@ -33,9 +33,10 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     """The format of a trace, from its name and first line.
 
     A directory holding ``chunk-<i>-trace.csv`` files, or such a file, is ``servegen``; a
-    file whose first line is a JSON object with ``input_length`` is ``mooncake``; a CSV with
-    the Azure header is ``azure``; a CSV whose header names a prompt and an output column is
-    ``lengths``.
+    file whose first line is a JSON object with ``input_length`` is ``mooncake``; a CSV whose
+    header has the Azure columns (``TIMESTAMP,ContextTokens,GeneratedTokens``, others beside
+    them) is ``azure``; another CSV whose header names a prompt and an output column is
+    ``lengths`` (it has no arrival times).
 
     Raises:
         TraceFormatError: the trace matches no known format.
@@ -53,7 +54,7 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         if isinstance(obj, dict) and "input_length" in obj:
             return "mooncake"
     header = [h.strip() for h in first.split(",")]
-    if tuple(header) == AZURE_HEADER:
+    if set(AZURE_HEADER) <= set(header):  # with more columns too: its timestamps are kept
         return "azure"
     if find_length_columns(header) is not None:
         return "lengths"

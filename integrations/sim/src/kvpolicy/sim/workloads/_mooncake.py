@@ -156,7 +156,13 @@ def load_mooncake(
             if not text.strip():
                 continue
             try:
-                obj = json.loads(text)
+                try:
+                    obj = json.loads(text)
+                except ValueError as exc:
+                    raise ValueError(
+                        f"not JSON ({exc}): {text.strip()[:60]!r}; a Mooncake trace is JSONL "
+                        "with timestamp (ms), input_length, output_length and hash_ids"
+                    ) from None
                 if not isinstance(obj, dict):
                     raise ValueError(f"a row must be a JSON object: {text.strip()[:60]!r}")
                 ts = obj.get("timestamp")

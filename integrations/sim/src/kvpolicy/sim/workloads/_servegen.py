@@ -146,7 +146,17 @@ def _client_files(p: pathlib.Path) -> dict[int, pathlib.Path]:
             if m:
                 files[int(m.group(1))] = f
         if not files:
-            raise TraceFormatError(os.fspath(p), None, "no chunk-<i>-trace.csv files in it")
+            services = sorted(
+                d.name
+                for d in p.iterdir()
+                if d.is_dir() and any(_CHUNK.fullmatch(f.name) for f in d.iterdir())
+            )
+            hint = (
+                f"; it holds ServeGen services, pass one of them: {', '.join(services)}"
+                if services
+                else ""
+            )
+            raise TraceFormatError(os.fspath(p), None, f"no chunk-<i>-trace.csv files in it{hint}")
         return dict(sorted(files.items()))
     m = _CHUNK.fullmatch(p.name)
     if m is None:
