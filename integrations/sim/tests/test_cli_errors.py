@@ -184,3 +184,13 @@ class TestPipedTables:
         out = capsys.readouterr().out
         assert "…" not in out
         assert "value 9 of the row" in out
+
+
+class TestVllmCrosscheck:
+    @pytest.mark.parametrize(("value", "why"), [("{bad", "not JSON"), ("[1]", "a JSON object")])
+    def test_kvpolicy_flag_is_named(self, value: str, why: str) -> None:
+        """A bad --kvpolicy is refused by name before vLLM is even looked for."""
+        code, out, error = _run("vllm", "crosscheck", "--kvpolicy", value)
+        assert (error, code) == (None, 2)
+        assert "--kvpolicy" in out
+        assert why in out

@@ -4,10 +4,26 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import click
 
 __all__ = ["group"]
+
+
+def _json_object(
+    value: str | None, param: click.Parameter, ctx: click.Context
+) -> dict[str, Any] | None:
+    """A flag's JSON object, parsed before anything runs (the error names the flag)."""
+    if value is None:
+        return None
+    try:
+        obj = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON ({exc}): {value[:80]!r}", ctx, param) from None
+    if not isinstance(obj, dict):
+        raise click.BadParameter(f"must be a JSON object: {value[:80]!r}", ctx, param)
+    return obj
 
 
 @click.group()
@@ -49,6 +65,7 @@ def group() -> None:
     "--kvpolicy",
     "kvpolicy_json",
     default=None,
+    callback=lambda ctx, param, value: _json_object(value, param, ctx),
     help='kvpolicy-vllm config for both sides, e.g. \'{"preemption": {"name": "cost-aware"}}\'.',
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
@@ -59,7 +76,7 @@ def crosscheck_cmd(
     max_batch: int,
     token_budget: int,
     prefix_caching: bool,
-    kvpolicy_json: str | None,
+    kvpolicy_json: dict[str, Any] | None,
     as_json: bool,
 ) -> None:
     """Step the same requests through vLLM's scheduler and the simulator's vllm stack;
@@ -79,7 +96,7 @@ def crosscheck_cmd(
             "machine), or run `nox -s vllm`"
         ) from exc
     try:
-        config = None if kvpolicy_json is None else json.loads(kvpolicy_json)
+        config = kvpolicy_json
         out = crosscheck(
             load_workload(workload),
             num_blocks,
