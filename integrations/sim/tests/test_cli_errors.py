@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -194,3 +195,90 @@ class TestVllmCrosscheck:
         assert (error, code) == (None, 2)
         assert "--kvpolicy" in out
         assert why in out
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every leaf command of ``group``, as its path of names."""
+    out = []
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
+        if isinstance(command, click.Group):
+            out += _commands(command, (*path, name))
+        else:
+            out.append((*path, name))
+    return out
+
+
+def _typed_options() -> list[tuple[tuple[str, ...], str]]:
+    """(command path, option) for every option whose type parses its value: numbers,
+    ranges, choices, existing paths (free text is parsed later: see the table below)."""
+    out = []
+    for path in _commands(main):
+        command: click.Command = main
+        for name in path:
+            assert isinstance(command, click.Group)
+            sub = command.get_command(click.Context(command), name)
+            assert sub is not None
+            command = sub
+        for param in command.params:
+            if not isinstance(param, click.Option) or param.is_flag or param.count:
+                continue
+            t = param.type
+            typed = isinstance(t, click.types._NumberParamTypeBase | click.Choice) or (
+                isinstance(t, click.Path) and t.exists
+            )
+            if typed:
+                out.append((path, param.opts[0]))
+    return out
+
+
+_TYPED = _typed_options()
+
+
+class TestEveryCommand:
+    def test_the_walk_reaches_every_group(self) -> None:
+        """The walk covers every command group (a command added later is walked too)."""
+        groups = {path[0] for path, _ in _TYPED}
+        assert {"admit", "demo", "evict", "kv", "sim", "tenancy", "tiers", "vllm"} <= groups
+        assert len(_TYPED) >= 40
+
+    @pytest.mark.parametrize(
+        ("path", "option"), _TYPED, ids=lambda v: "-".join(v) if isinstance(v, tuple) else v
+    )
+    def test_a_bad_value_is_a_usage_error_naming_the_option(
+        self, path: tuple[str, ...], option: str
+    ) -> None:
+        """A value the option's type refuses: exit status 2, the option named, no traceback."""
+        code, out, error = _run(*path, option, "/nonexistent/not-a-value")
+        assert error is None
+        assert code == 2
+        assert f"'{option}'" in out or f"{option}:" in out, out
+
+    @pytest.mark.parametrize(
+        ("args", "option"),
+        [
+            (["admit", "analyze", "--input-len", "abc", "--decode-len", "2", "--memory", "9"],
+             "--input-len"),
+            (["admit", "analyze", "--input-len", "5", "--decode-len", "x", "--memory", "9"],
+             "--decode-len"),
+            (["admit", "analyze", "--input-len", "5,5", "--decode-len", "2,3", "--mix", "a,b",
+              "--memory", "518"], "--mix"),
+            (["admit", "simulate", "--input-len", "5", "--decode-len", "3", "--memory", "99",
+              "--arrivals", "xyz"], "--arrivals"),
+            (["evict", "eval", "--budget", "abc"], "--budget"),
+            (["evict", "eval", "--policy", "nosuch"], "--policy"),
+            (["evict", "eval", "--text", "nosuch"], "--text"),
+            (["sim", "run", "--stack", "nosuch", "--model", "Llama-3-8B", "--gpu", "H100-SXM",
+              "--workload", "multi-tenant"], "--stack"),
+            (["sim", "sweep", "--param", "bad", "--model", "Llama-3-8B", "--gpu", "H100-SXM",
+              "--workload", "multi-tenant"], "--param"),
+            (["vllm", "crosscheck", "--kvpolicy", "{bad"], "--kvpolicy"),
+        ],
+    )  # fmt: skip
+    def test_free_text_options(self, args: list[str], option: str) -> None:
+        """Options parsed from free text: a bad value is a usage error naming the option."""
+        code, out, error = _run(*args)
+        assert (error, code) == (None, 2)
+        assert option in out

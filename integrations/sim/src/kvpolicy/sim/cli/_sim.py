@@ -212,7 +212,7 @@ def _compare_stacks(
     try:
         cfgs = [_with_tp(get_stack(s), tp) for s in stacks]
     except _ERRORS as exc:
-        raise click.UsageError(str(exc)) from exc
+        raise click.BadParameter(str(exc), param_hint="'--stack'") from exc
     # Prefix hashes at the finest block size of the stacks; each engine re-chunks them.
     w = spec.load(math.gcd(*(c.engine.block_size for c in cfgs)))
     try:
@@ -270,7 +270,7 @@ def sweep_cmd(
     try:
         cfg = _with_tp(get_stack(stack), tp)
     except _ERRORS as exc:
-        raise click.UsageError(str(exc)) from exc
+        raise click.BadParameter(str(exc), param_hint="'--stack'") from exc
     w = spec.load(cfg.engine.block_size)
     try:
         err = Console(stderr=True)
