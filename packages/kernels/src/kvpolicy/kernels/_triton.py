@@ -269,7 +269,7 @@ def score_launch(
     bytes. Under the interpreter: few big steps.
     """
     if interpret:
-        return ScoreLaunch(16, 256, max(1, min(4, triton.cdiv(v, 256))), 4)
+        return ScoreLaunch(16 if b <= 16 else 64, 1024, max(1, min(4, triton.cdiv(v, 1024))), 4)
     if not hidden:
         block_b = 16 if b <= 16 else 64
         row_blocks = triton.cdiv(b, block_b)
