@@ -47,7 +47,12 @@ PACKAGES = list(DIST_DIRS)
 TORCH_VERSION = "2.13.0"
 TORCH = f"torch=={TORCH_VERSION}"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-xdist>=3.5"]
+PARALLEL = {"evict", "sim"}
+"""Packages whose tests run on pytest-xdist workers: CPU-bound and independent (each test
+its own tmp_path, model and policy), and long enough to gain (evict 133 s -> 84 s, sim
+72 s -> 52 s on 2 cores). kernels loses (each worker imports torch and Triton: 19 s ->
+42 s); tenancy's fault tests start servers and time their processes."""
 DEFAULT_MARKS = "not gpu and not quality and not slow"
 CACHE = ROOT / ".nox"
 STAMP = "kvpolicy-installed.json"
@@ -209,6 +214,7 @@ def tests(session: nox.Session, package: str) -> None:
     meta = tomllib.loads((DIST_DIRS[package] / "pyproject.toml").read_text())
     extras = "[test]" if "test" in meta["project"].get("optional-dependencies", {}) else ""
     _install(session, package, extras, *TEST_DEPS)
+    workers = min(4, os.cpu_count() or 1) if package in PARALLEL else 0
     session.run(
         "pytest",
         str(DIST_DIRS[package] / "tests"),
@@ -216,6 +222,8 @@ def tests(session: nox.Session, package: str) -> None:
         DEFAULT_MARKS,
         "-p",
         "no:cacheprovider",
+        "-n",
+        str(workers if workers > 1 else 0),
         *session.posargs,
     )
 
