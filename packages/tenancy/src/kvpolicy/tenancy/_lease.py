@@ -35,7 +35,14 @@ _log = logging.getLogger("kvpolicy.tenancy")
 # id -> "tokens kv tenant"), in-flight priorities (sorted set tenant -> weight).
 # Common ARGV: ns, now ('' = Redis's clock), update interval, alpha_slo, alpha_burst,
 # alpha_debt, gamma_d, gamma_b, pool-mean SLO, pool rate, depth, concurrency, KV bytes,
-# reserved KV bytes, reserved slots. Script ARGV start at 16.
+# reserved KV bytes, reserved slots, recovery seconds. Script ARGV start at 17.
+#
+# The pool hash's ``rec`` is the end of a recovery window: until then no request is
+# admitted (``state-unavailable``), while renewals re-adopt what the replicas hold. It opens
+# when a script finds the pool's state gone (Redis restarted without it) and when a replica
+# that saw Redis fail comes back (:meth:`RedisLeaseGate._reconcile`): every replica then has
+# the window to push its leases and outage admissions before anyone is admitted again (the
+# "delayed restart" that Redlock prescribes for the same reason).
 #
 # An entitlement hash holds its in-flight counters, token bucket, burst, debt, the tokens
 # served and pool denials of its current control interval ``k``, and its spec
@@ -58,9 +65,10 @@ local gd, gb, mean = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local prate, pdepth = tonumber(ARGV[10]), tonumber(ARGV[11])
 local pconc, pkvcap = tonumber(ARGV[12]), tonumber(ARGV[13])
 local reskv, resslots = tonumber(ARGV[14]), tonumber(ARGV[15])
+local recovery = tonumber(ARGV[16])
 local poolkey, leases, data, prio = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local EF = {'inf', 'kv', 'tok', 'b', 'bt', 'burst', 'debt', 'served', 'cont', 'k', 'spec'}
-local PF = {'inf', 'kv', 'tok', 'b', 'bt', 'pinf', 'pkv', 'rus', 'ruk', 'k', 'wk'}
+local PF = {'inf', 'kv', 'tok', 'b', 'bt', 'pinf', 'pkv', 'rus', 'ruk', 'k', 'wk', 'rec'}
 local function fmt(x) return string.format('%.17g', x) end
 local function parse(spec)
   local t = {}
@@ -124,7 +132,10 @@ local function pool_state()
   local v = redis.call('HMGET', poolkey, unpack(PF))
   local p = {}
   for i, f in ipairs(PF) do p[f] = tonumber(v[i]) or 0 end
-  if not v[4] then p.b = pdepth end
+  if not v[4] then
+    p.b = pdepth
+    if recovery > 0 then p.rec = now + recovery end
+  end
   local K = math.max(math.floor(now / I), p.k)
   p.k = K
   return p, K
@@ -132,7 +143,8 @@ end
 local function save_pool(p)
   redis.call('HSET', poolkey, 'inf', fmt(p.inf), 'kv', fmt(p.kv), 'tok', fmt(p.tok),
              'b', fmt(p.b), 'bt', fmt(p.bt), 'pinf', fmt(p.pinf), 'pkv', fmt(p.pkv),
-             'rus', fmt(p.rus), 'ruk', fmt(p.ruk), 'k', fmt(p.k), 'wk', fmt(p.wk))
+             'rus', fmt(p.rus), 'ruk', fmt(p.ruk), 'k', fmt(p.k), 'wk', fmt(p.wk),
+             'rec', fmt(p.rec))
 end
 -- Count one more request of ``s`` in flight (no limit checked).
 local function take(s, p, tok, kv)
@@ -205,7 +217,7 @@ local function threshold(p, K, idle)
 end
 """
 
-# ARGV 16..: id, tenant, tokens, kv, ttl_s, idle_s, spec, concurrency, rate, depth, kv bytes
+# ARGV 17..: id, tenant, tokens, kv, ttl_s, idle_s, spec, concurrency, rate, depth, kv bytes
 # (the entitlement's limits), then GateConfig's overcommit (1 or 0) and contention level,
 # and the reserved token rates' window (held back from the pool's bucket when the pool is
 # hard). Whether the request is within its reserved baseline is decided in the script.
@@ -214,14 +226,18 @@ end
 _LUA_ACQUIRE = (
     _LUA_COMMON
     + """
-local id, tenant = ARGV[16], ARGV[17]
-local tok, kv, ttl, idle = tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV[20]), ARGV[21]
-local spec = ARGV[22]
-local conc, rate, depth, kvcap = tonumber(ARGV[23]), tonumber(ARGV[24]), tonumber(ARGV[25]),
-                                 tonumber(ARGV[26])
-local overcommit, frac, held = tonumber(ARGV[27]), tonumber(ARGV[28]), tonumber(ARGV[29])
+local id, tenant = ARGV[17], ARGV[18]
+local tok, kv, ttl, idle = tonumber(ARGV[19]), tonumber(ARGV[20]), tonumber(ARGV[21]), ARGV[22]
+local spec = ARGV[23]
+local conc, rate, depth, kvcap = tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26]),
+                                 tonumber(ARGV[27])
+local overcommit, frac, held = tonumber(ARGV[28]), tonumber(ARGV[29]), tonumber(ARGV[30])
 if redis.call('HEXISTS', data, id) == 1 then return {-1} end
 local p, K = pool_state()
+if now < p.rec then
+  save_pool(p)
+  return {0, 'state-unavailable', fmt(p.rec - now), '0', '0', '0', '0', '0', '0'}
+end
 reclaim(p, K, idle, 8)
 local s = ent(tenant, spec, K)
 local e = s.e
@@ -288,13 +304,13 @@ return {1}
 """
 )
 
-# ARGV 16..: id, actual (-1: charge in full), idle_s. Returns {charged or -1, debt, weight}.
+# ARGV 17..: id, actual (-1: charge in full), idle_s. Returns {charged or -1, debt, weight}.
 _LUA_RELEASE = (
     _LUA_COMMON
     + """
 local p, K = pool_state()
-local v = redis.call('HGET', data, ARGV[16])
-local tok = free(ARGV[16], tonumber(ARGV[17]), p, K, ARGV[18])
+local v = redis.call('HGET', data, ARGV[17])
+local tok = free(ARGV[17], tonumber(ARGV[18]), p, K, ARGV[19])
 save_pool(p)
 if not tok then return {-1, '0', '0'} end
 local tenant = string.match(v, '^%d+ %d+ (.*)$')
@@ -304,18 +320,18 @@ return {fmt(tok), fmt(s.debt), fmt(weight(s))}
 """
 )
 
-# ARGV 16..: idle_s, ttl_s, then (id, tenant, tokens, kv, spec) per lease held by the caller.
+# ARGV 17..: idle_s, ttl_s, then (id, tenant, tokens, kv, spec) per lease held by the caller.
 # Extends each lease; re-adopts one Redis lost (a restart, or an expiry while its holder was
 # stalled), counting it again without a limit check: the request is really running.
 # Returns {renewed, adopted, reclaimed}.
 _LUA_RENEW = (
     _LUA_COMMON
     + """
-local idle, ttl = ARGV[16], tonumber(ARGV[17])
+local idle, ttl = ARGV[17], tonumber(ARGV[18])
 local p, K = pool_state()
 local reclaimed = reclaim(p, K, idle, 64)
 local renewed, adopted = 0, 0
-for i = 18, #ARGV, 5 do
+for i = 19, #ARGV, 5 do
   local id, tenant = ARGV[i], ARGV[i + 1]
   if redis.call('HEXISTS', data, id) == 1 then
     renewed = renewed + 1
@@ -335,28 +351,40 @@ return {renewed, adopted, reclaimed}
 """
 )
 
-# ARGV 16..: idle_s, tenant, tokens, spec: book tokens served while Redis was away.
+# ARGV 17..: idle_s, tenant, tokens, spec: book tokens served while Redis was away.
 _LUA_CHARGE = (
     _LUA_COMMON
     + """
 local p, K = pool_state()
-local amount = tonumber(ARGV[18])
-local s = ent(ARGV[17], ARGV[19], K)
+local amount = tonumber(ARGV[19])
+local s = ent(ARGV[18], ARGV[20], K)
 s.b, s.served = s.b - amount, s.served + amount
-save(s, ARGV[16])
+save(s, ARGV[17])
 p.b = p.b - amount
 save_pool(p)
 return 1
 """
 )
 
-# ARGV 16..: idle_s, tenant, spec. Returns {debt, burst, weight} as of now.
+# No script ARGV: open (or extend) the recovery window; a replica that saw Redis fail calls
+# it first thing when Redis answers again.
+_LUA_HOLD = (
+    _LUA_COMMON
+    + """
+local p, K = pool_state()
+if recovery > 0 then p.rec = math.max(p.rec, now + recovery) end
+save_pool(p)
+return 1
+"""
+)
+
+# ARGV 17..: idle_s, tenant, spec. Returns {debt, burst, weight} as of now.
 _LUA_STATE = (
     _LUA_COMMON
     + """
 local p, K = pool_state()
-local s = ent(ARGV[17], ARGV[18], K)
-if not s.new then save(s, ARGV[16]) end
+local s = ent(ARGV[18], ARGV[19], K)
+if not s.new then save(s, ARGV[17]) end
 save_pool(p)
 return {fmt(s.debt), fmt(s.burst), fmt(weight(s))}
 """
@@ -473,6 +501,7 @@ class RedisLeaseGate:
         outage: OutagePolicy | None = None,
         default_entitlement: TokenEntitlement | None = None,
         async_client: Any = None,
+        recovery_s: float | None = None,
     ) -> None:
         """Build a gate over a redis-py client (``redis.Redis``; see :meth:`from_url`).
 
@@ -491,6 +520,13 @@ class RedisLeaseGate:
                 denies such requests with ``"unknown-tenant"``. It may not reserve capacity.
             async_client: a ``redis.asyncio.Redis`` on the same server, for :meth:`acheck`
                 (used from one event loop); ``None`` runs :meth:`check` in a thread instead.
+            recovery_s: how long no request is admitted after Redis lost the pool's state
+                or a replica saw it fail, so that every replica re-adopts its leases and
+                pushes its outage admissions first (longer than the renewal interval of
+                the replicas). ``None``: ``lease_ttl_s / 3`` with ``clock="redis"``, 0 with
+                ``clock="request"`` (replays have no outages). A lost state is told from
+                a first start by the replicas: the window opens when the first script to
+                find no pool state comes from a replica that had seen it.
         """
         if not isinstance(pool, TokenPool):
             raise TypeError(f"'pool' must be TokenPool: {pool!r}")
@@ -514,6 +550,15 @@ class RedisLeaseGate:
                 and value > 0
             ):
                 raise ValueError(f"'{name}' must be finite and > 0: {value!r}")
+        if recovery_s is None:
+            recovery_s = lease_ttl_s / 3 if clock == "redis" else 0.0
+        if not (
+            isinstance(recovery_s, int | float)
+            and not isinstance(recovery_s, bool)
+            and math.isfinite(recovery_s)
+            and recovery_s >= 0
+        ):
+            raise ValueError(f"'recovery_s' must be finite and >= 0: {recovery_s!r}")
         if default_entitlement is not None:
             if not isinstance(default_entitlement, TokenEntitlement):
                 raise TypeError(
@@ -560,19 +605,27 @@ class RedisLeaseGate:
             cap.kv_bytes,
             res_kv,
             res_slots,
+            "0",  # the recovery window: 0 until this replica has seen the pool's state
         ]
+        self._recovery = repr(float(recovery_s))
         self._specs: dict[str, str] = {}
         self._lock = threading.Lock()
         self._held: dict[str, tuple[str, int, int]] = {}  # leases this replica holds
-        self._local: dict[str, int] = {}  # tenant -> leases admitted while Redis was away
-        self._local_ids: set[str] = set()
+        # What happened while Redis was away, pushed by _reconcile (one at a time: the
+        # lock) when it answers again: leases admitted here, releases and tokens to book,
+        # and whether this replica saw Redis fail (the recovery window opens first).
+        self._reconciling = threading.Lock()
+        self._local_ids: set[str] = set()  # admitted here, not yet adopted by Redis
+        self._adopting: set[str] = set()  # being adopted by the reconciliation under way
         self._pending_release: dict[str, int] = {}
         self._pending_charge: dict[str, int] = {}
+        self._saw_outage = False
         self._acquire = client.register_script(_LUA_ACQUIRE)
         self._release = client.register_script(_LUA_RELEASE)
         self._renew = client.register_script(_LUA_RENEW)
         self._charge = client.register_script(_LUA_CHARGE)
         self._state = client.register_script(_LUA_STATE)
+        self._hold = client.register_script(_LUA_HOLD)
         self._aclient = async_client
         if async_client is not None:
             self._aacquire = async_client.register_script(_LUA_ACQUIRE)
@@ -680,6 +733,7 @@ class RedisLeaseGate:
             self._reconcile()
             res = self._acquire(keys=self._keys, args=args)
         except _redis_errors() as err:
+            self._saw_outage = True
             return self._check_locally(request.request_id, request.tenant, ent, tok, kv, err)
         return self._decided(request, tok, kv, res)
 
@@ -700,10 +754,11 @@ class RedisLeaseGate:
             return prepared
         ent, tok, kv, args = prepared
         try:
-            if self._local_ids or self._pending_release or self._pending_charge:
+            if self._outstanding():
                 await asyncio.to_thread(self._reconcile)
             res = await self._aacquire(keys=self._keys, args=args)
         except _redis_errors() as err:
+            self._saw_outage = True
             return self._check_locally(request.request_id, request.tenant, ent, tok, kv, err)
         return self._decided(request, tok, kv, res)
 
@@ -755,8 +810,13 @@ class RedisLeaseGate:
         ]
         return ent, tok, kv, args
 
+    def _seen(self) -> None:
+        """Redis answered: from now on a missing pool state means it was lost."""
+        self._common[15] = self._recovery
+
     def _decided(self, request: Request, tok: int, kv: int, res: Any) -> GateDecision:
         """The decision from the acquire script's answer ``res``."""
+        self._seen()
         rid = request.request_id
         status = int(res[0])
         if status == -1:
@@ -766,6 +826,10 @@ class RedisLeaseGate:
                 self._held[rid] = (request.tenant, tok, kv)
             return GateDecision(admitted=True)
         cfg = self._config
+        reason = _text(res[1])
+        if reason == "state-unavailable":  # the recovery window: its remaining seconds
+            wait = min(max(float(_text(res[2])), cfg.min_retry_s), cfg.max_retry_s)
+            return GateDecision(False, wait, reason)
         slots, need_kv, need_tok, inf, htok, hkv, drain = (float(_text(v)) for v in res[2:9])
         wait = retry_after(
             slots_needed=slots,
@@ -778,7 +842,7 @@ class RedisLeaseGate:
             min_s=cfg.min_retry_s,
             max_s=cfg.max_retry_s,
         )
-        return GateDecision(False, wait, _text(res[1]))
+        return GateDecision(False, wait, reason)
 
     def release(
         self,
@@ -805,8 +869,12 @@ class RedisLeaseGate:
         rid, actual, mine, clamped, args = prepared
         try:
             self._reconcile()
+            unadopted = self._release_unadopted(rid, mine, actual)
+            if unadopted is not None:
+                return unadopted
             res = self._release(keys=self._keys, args=args)
         except _redis_errors():
+            self._saw_outage = True
             return self._release_later(rid, actual, mine, clamped)
         return self._released(res, actual, clamped)
 
@@ -825,10 +893,14 @@ class RedisLeaseGate:
             return prepared
         rid, actual, mine, clamped, args = prepared
         try:
-            if self._local_ids or self._pending_release or self._pending_charge:
+            if self._outstanding():
                 await asyncio.to_thread(self._reconcile)
+            unadopted = self._release_unadopted(rid, mine, actual)
+            if unadopted is not None:
+                return unadopted
             res = await self._arelease(keys=self._keys, args=args)
         except _redis_errors():
+            self._saw_outage = True
             return self._release_later(rid, actual, mine, clamped)
         return self._released(res, actual, clamped)
 
@@ -844,6 +916,12 @@ class RedisLeaseGate:
         common = self._args(time)
         with self._lock:
             mine = self._held.pop(rid, None)
+            # Admitted here while Redis was away and not being adopted now: book it here.
+            # (One being adopted is released in Redis once the adoption is through.)
+            local = mine is not None and rid in self._local_ids and rid not in self._adopting
+            if local:
+                assert mine is not None
+                out = self._release_locally(rid, mine, actual)
         clamped = mine is not None and actual > mine[1]
         if clamped:
             _log.warning(
@@ -852,9 +930,21 @@ class RedisLeaseGate:
                 actual,
                 mine[1] if mine else 0,
             )
-        if mine is not None and rid in self._local_ids:
-            return self._release_locally(rid, mine, actual)
+        if local:
+            return out
         return rid, actual, mine, clamped, [*common, rid, actual, self._idle]
+
+    def _release_unadopted(
+        self, rid: str, mine: tuple[str, int, int] | None, actual: int
+    ) -> LeaseRelease | None:
+        """After a reconciliation: a lease admitted here whose adoption failed is booked
+        here (``None``: release it in Redis)."""
+        if mine is None:
+            return None
+        with self._lock:
+            if rid in self._local_ids:
+                return self._release_locally(rid, mine, actual)
+        return None
 
     def _release_later(
         self, rid: str, actual: int, mine: tuple[str, int, int] | None, clamped: bool
@@ -863,13 +953,15 @@ class RedisLeaseGate:
         if mine is None:
             return LeaseRelease(False, 0)
         with self._lock:
+            if rid in self._local_ids:  # admitted here and never adopted
+                return self._release_locally(rid, mine, actual)
             self._pending_release[rid] = actual
         tok = mine[1] if actual < 0 else min(actual, mine[1])
         return LeaseRelease(True, tok, clamped)
 
-    @staticmethod
-    def _released(res: Any, actual: int, clamped: bool) -> LeaseRelease:
+    def _released(self, res: Any, actual: int, clamped: bool) -> LeaseRelease:
         """The outcome from the release script's answer ``res``."""
+        self._seen()
         charged = int(_text(res[0]))
         if charged < 0:
             return LeaseRelease(False, 0)
@@ -891,10 +983,15 @@ class RedisLeaseGate:
             redis.exceptions.ConnectionError: Redis is still away (nothing is lost).
         """
         common = self._args(time)
-        self._reconcile()
-        with self._lock:
-            held = list(self._held.items())
-        res = self._renew(keys=self._keys, args=self._renew_args(common, held))
+        try:
+            self._reconcile()
+            with self._lock:  # the leases admitted here are adopted by _reconcile alone
+                held = [(r, v) for r, v in self._held.items() if r not in self._local_ids]
+            res = self._renew(keys=self._keys, args=self._renew_args(common, held))
+        except _redis_errors():
+            self._saw_outage = True
+            raise
+        self._seen()
         return int(res[0]), int(res[1]), int(res[2])
 
     # -- internals ---------------------------------------------------------------------
@@ -947,54 +1044,78 @@ class RedisLeaseGate:
     def _check_locally(
         self, rid: str, tenant: str, ent: TokenEntitlement, tok: int, kv: int, err: Exception
     ) -> GateDecision:
+        """Admit on this replica alone while Redis is away: while the leases it holds of the
+        entitlement (admitted before the outage or during it) are under its allowance."""
         frac = self._outage.local_fraction.get(ent.service_class.name, 0.0)
         allowance = int(ent.baseline.concurrency * frac)
         with self._lock:
-            if self._local.get(tenant, 0) >= allowance:
+            mine = sum(1 for t, _, _ in self._held.values() if t == tenant)
+            if mine >= allowance:
                 _log.warning("redis unavailable (%s): %r denied", err, rid)
                 return GateDecision(False, self._config.min_retry_s * 20, "state-unavailable")
-            self._local[tenant] = self._local.get(tenant, 0) + 1
             self._local_ids.add(rid)
             self._held[rid] = (tenant, tok, kv)
         return GateDecision(admitted=True)
 
     def _release_locally(self, rid: str, mine: tuple[str, int, int], actual: int) -> LeaseRelease:
+        """Book the release of a lease Redis never saw (the caller holds ``_lock``)."""
         tenant, tok, _ = mine
         charged = tok if actual < 0 else min(actual, tok)
-        with self._lock:
-            self._local_ids.discard(rid)
-            self._local[tenant] -= 1
-            self._pending_charge[tenant] = self._pending_charge.get(tenant, 0) + charged
+        self._local_ids.discard(rid)
+        self._pending_charge[tenant] = self._pending_charge.get(tenant, 0) + charged
         return LeaseRelease(True, charged, actual > tok)
 
+    def _outstanding(self) -> bool:
+        return bool(
+            self._saw_outage or self._local_ids or self._pending_release or self._pending_charge
+        )
+
     def _reconcile(self) -> None:
-        """Push what happened while Redis was away (raises while it still is)."""
-        if not (self._local_ids or self._pending_release or self._pending_charge):
+        """Push what happened while Redis was away (raises while it still is): open the
+        recovery window, adopt the leases admitted here, replay releases, charge tokens.
+
+        The one place where this happens, one caller at a time (``_reconciling``): each
+        lease is adopted once, each release replayed once, each token charged once.
+        """
+        if not self._outstanding():
             return
-        common = self._common
-        with self._lock:
-            adopt = [(r, self._held[r]) for r in self._local_ids if r in self._held]
-            releases = dict(self._pending_release)
-            charges = dict(self._pending_charge)
-        if adopt:
-            self._renew(keys=self._keys, args=self._renew_args(common, adopt))
+        with self._reconciling:
+            common = self._common
+            if self._saw_outage:
+                self._saw_outage = False
+                try:
+                    self._hold(keys=self._keys, args=common)
+                except BaseException:
+                    self._saw_outage = True
+                    raise
             with self._lock:
-                for rid, (tenant, _, _) in adopt:
-                    self._local_ids.discard(rid)
-                    self._local[tenant] -= 1
-        for rid, actual in releases.items():
-            self._release(keys=self._keys, args=[*common, rid, actual, self._idle])
-            with self._lock:
-                self._pending_release.pop(rid, None)
-        for tenant, amount in charges.items():
-            ent = self.entitlement(tenant)
-            assert ent is not None
-            spec = self._spec(tenant, ent)
-            self._charge(keys=self._keys, args=[*common, self._idle, tenant, amount, spec])
-            with self._lock:
-                self._pending_charge[tenant] -= amount
-                if not self._pending_charge[tenant]:
-                    del self._pending_charge[tenant]
+                adopt = [(r, self._held[r]) for r in self._local_ids if r in self._held]
+                self._adopting = {r for r, _ in adopt}
+                releases = dict(self._pending_release)
+                charges = dict(self._pending_charge)
+            try:
+                if adopt:
+                    self._renew(keys=self._keys, args=self._renew_args(common, adopt))
+                    with self._lock:
+                        self._local_ids.difference_update(self._adopting)
+            finally:
+                with self._lock:
+                    self._adopting = set()
+            for rid, actual in releases.items():
+                self._release(keys=self._keys, args=[*common, rid, actual, self._idle])
+                with self._lock:
+                    self._pending_release.pop(rid, None)
+            for tenant, amount in charges.items():
+                ent = self.entitlement(tenant)
+                assert ent is not None
+                spec = self._spec(tenant, ent)
+                self._charge(keys=self._keys, args=[*common, self._idle, tenant, amount, spec])
+                with self._lock:
+                    left = self._pending_charge.get(tenant, 0) - amount
+                    if left:
+                        self._pending_charge[tenant] = left
+                    else:
+                        self._pending_charge.pop(tenant, None)
 
 
 def _redis_errors() -> tuple[type[Exception], ...]:
