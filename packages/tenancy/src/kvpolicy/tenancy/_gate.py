@@ -299,17 +299,27 @@ class TokenPoolGate:
 
     # -- RequestGate --------------------------------------------------------------------
 
-    def check(self, request: Request, time: float) -> GateDecision:
+    def check(
+        self, request: Request, time: float, *, max_output_tokens: int | None = None
+    ) -> GateDecision:
         """Admit ``request`` arriving at ``time`` (seconds), or deny it with a Retry-After.
 
+        ``max_output_tokens`` overrides the entitlement's output bound (a request's own
+        ``max_tokens``): the request is charged ``prompt_len + max_output_tokens``.
+
         Raises:
-            TypeError: ``request`` is not a :class:`~kvpolicy.kvmodel.Request` or ``time`` is
-                not a number.
-            ValueError: ``time`` is negative or not finite, or ``request`` is already admitted
-                and not released (nothing changes).
+            TypeError: ``request`` is not a :class:`~kvpolicy.kvmodel.Request`, ``time`` is
+                not a number or ``max_output_tokens`` not an int.
+            ValueError: ``time`` is negative or not finite, ``max_output_tokens`` negative,
+                or ``request`` is already admitted and not released (nothing changes).
         """
         if not isinstance(request, Request):
             raise TypeError(f"'request' must be Request: {request!r}")
+        if max_output_tokens is not None:
+            if isinstance(max_output_tokens, bool) or not isinstance(max_output_tokens, int):
+                raise TypeError(f"'max_output_tokens' must be int: {max_output_tokens!r}")
+            if max_output_tokens < 0:
+                raise ValueError(f"'max_output_tokens' must be >= 0: {max_output_tokens!r}")
         time = _check_time(time)
         store = self._store
         tenant = request.tenant
@@ -329,7 +339,8 @@ class TokenPoolGate:
         if s is None:
             s = EntitlementState(bucket=depth, bucket_time=time)
         cap = ps.capacity
-        cost = request.prompt_len + ent.max_output_tokens
+        out = ent.max_output_tokens if max_output_tokens is None else max_output_tokens
+        cost = request.prompt_len + out
         kv = cost * self._bpt
         pool_depth = cap.tokens_per_s * cfg.window_s
         if cost > depth or cost > pool_depth or kv > limits.kv_bytes or kv > cap.kv_bytes:

@@ -32,7 +32,8 @@ _log = logging.getLogger("kvpolicy.tenancy")
 
 # Shared Lua: seed 004's admission state (§4.3) kept whole in Redis, so that one script is
 # one atomic decision. KEYS: pool hash, lease expiries (sorted set), lease data (hash
-# id -> "tokens kv tenant"), in-flight priorities (sorted set tenant -> weight).
+# id -> "tokens kv tenant"), in-flight priorities (sorted set tenant -> weight), recent
+# releases (sorted set id -> time).
 # Common ARGV: ns, now ('' = Redis's clock), update interval, alpha_slo, alpha_burst,
 # alpha_debt, gamma_d, gamma_b, pool-mean SLO, pool rate, depth, concurrency, KV bytes,
 # reserved KV bytes, reserved slots, recovery seconds. Script ARGV start at 17.
@@ -66,7 +67,7 @@ local prate, pdepth = tonumber(ARGV[10]), tonumber(ARGV[11])
 local pconc, pkvcap = tonumber(ARGV[12]), tonumber(ARGV[13])
 local reskv, resslots = tonumber(ARGV[14]), tonumber(ARGV[15])
 local recovery = tonumber(ARGV[16])
-local poolkey, leases, data, prio = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local poolkey, leases, data, prio, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local EF = {'inf', 'kv', 'tok', 'b', 'bt', 'burst', 'debt', 'served', 'cont', 'k', 'spec'}
 local PF = {'inf', 'kv', 'tok', 'b', 'bt', 'pinf', 'pkv', 'rus', 'ruk', 'k', 'wk', 'rec'}
 local function fmt(x) return string.format('%.17g', x) end
@@ -192,10 +193,12 @@ local function free(id, actual, p, K, idle)
   p.inf, p.kv, p.tok = p.inf - 1, p.kv - kv, p.tok - tok
   return tok
 end
-local function reclaim(p, K, idle, limit)
-  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', fmt(now), 'LIMIT', 0, limit)
-  for _, id in ipairs(gone) do free(id, -1, p, K, idle) end
-  return #gone
+-- Free the expired leases (at most ``limit``); forget releases older than ``ttl``.
+local function reclaim(p, K, idle, limit, ttl)
+  local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', fmt(now), 'LIMIT', 0, limit)
+  for _, id in ipairs(expired) do free(id, -1, p, K, idle) end
+  redis.call('ZREMRANGEBYSCORE', gone, '-inf', fmt(now - ttl))
+  return #expired
 end
 -- Admission threshold: the least weight among entitlements in flight (inf when none).
 local function threshold(p, K, idle)
@@ -238,7 +241,7 @@ if now < p.rec then
   save_pool(p)
   return {0, 'state-unavailable', fmt(p.rec - now), '0', '0', '0', '0', '0', '0'}
 end
-reclaim(p, K, idle, 8)
+reclaim(p, K, idle, 8, ttl)
 local s = ent(tenant, spec, K)
 local e = s.e
 local function deny(reason, a, b, c, n, t, k, drain)
@@ -313,6 +316,7 @@ local v = redis.call('HGET', data, ARGV[17])
 local tok = free(ARGV[17], tonumber(ARGV[18]), p, K, ARGV[19])
 save_pool(p)
 if not tok then return {-1, '0', '0'} end
+redis.call('ZADD', gone, fmt(now), ARGV[17])
 local tenant = string.match(v, '^%d+ %d+ (.*)$')
 local s = ent(tenant, nil, K)
 if not s then return {fmt(tok), '', ''} end
@@ -322,29 +326,34 @@ return {fmt(tok), fmt(s.debt), fmt(weight(s))}
 
 # ARGV 17..: idle_s, ttl_s, then (id, tenant, tokens, kv, spec) per lease held by the caller.
 # Extends each lease; re-adopts one Redis lost (a restart, or an expiry while its holder was
-# stalled), counting it again without a limit check: the request is really running.
+# stalled), counting it again without a limit check: the request is really running. A lease
+# released since the caller listed it (a release racing the renewal: the ``released`` set
+# remembers releases for one TTL) is neither renewed nor adopted.
 # Returns {renewed, adopted, reclaimed}.
 _LUA_RENEW = (
     _LUA_COMMON
     + """
 local idle, ttl = ARGV[17], tonumber(ARGV[18])
 local p, K = pool_state()
-local reclaimed = reclaim(p, K, idle, 64)
+local reclaimed = reclaim(p, K, idle, 64, ttl)
 local renewed, adopted = 0, 0
 for i = 19, #ARGV, 5 do
   local id, tenant = ARGV[i], ARGV[i + 1]
   if redis.call('HEXISTS', data, id) == 1 then
     renewed = renewed + 1
     redis.call('EXPIRE', ns .. ':e:' .. tenant, idle)
+    redis.call('ZADD', leases, fmt(now + ttl), id)
+  elseif redis.call('ZSCORE', gone, id) then
+    -- released after the caller listed it: nothing to renew, nothing to adopt
   else
     local tok, kv = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
     local s = ent(tenant, ARGV[i + 4], K)
     take(s, p, tok, kv)
     save(s, idle)
     redis.call('HSET', data, id, fmt(tok) .. ' ' .. fmt(kv) .. ' ' .. tenant)
+    redis.call('ZADD', leases, fmt(now + ttl), id)
     adopted = adopted + 1
   end
-  redis.call('ZADD', leases, fmt(now + ttl), id)
 end
 save_pool(p)
 return {renewed, adopted, reclaimed}
@@ -579,6 +588,7 @@ class RedisLeaseGate:
             f"{self._ns}:leases",
             f"{self._ns}:lease-data",
             f"{self._ns}:priority",
+            f"{self._ns}:released",
         ]
         self._window = config.window_s
         self._ttl = float(lease_ttl_s)

@@ -47,6 +47,7 @@ class UpstreamReply(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
+        self._idle_since = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -157,6 +158,7 @@ class UpstreamReply(asyncio.Protocol):
         whole and the backend keeps it alive, closed otherwise."""
         if self._done and self._keep and self._error is None and self._transport is not None:
             self._reset()
+            self._idle_since = self._loop.time()
             self._owner._idle.append(self)
         else:
             self._keep = False
@@ -186,6 +188,9 @@ class Upstream:
         read_timeout_s: the longest silence while waiting for the answer's headers or for
             the next bytes of its body (long streams may run for as long as they keep
             sending).
+        idle_timeout_s: an idle kept-alive connection older than this is closed rather than
+            reused: shorter than the backend's own keep-alive timeout (uvicorn's and
+            vLLM's: 5 s), so that the backend does not close it as a request is sent.
 
     Raises:
         ValueError: ``base_url`` is not an ``http://`` URL with a host, or a timeout is not
@@ -193,7 +198,12 @@ class Upstream:
     """
 
     def __init__(
-        self, base_url: str, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 600.0,
+        idle_timeout_s: float = 4.0,
     ) -> None:
         """See the class docstring."""
         url = urllib.parse.urlsplit(base_url)
@@ -202,6 +212,7 @@ class Upstream:
         for name, value in (
             ("connect_timeout_s", connect_timeout_s),
             ("read_timeout_s", read_timeout_s),
+            ("idle_timeout_s", idle_timeout_s),
         ):
             if not value > 0:
                 raise ValueError(f"'{name}' must be > 0: {value!r}")
@@ -210,6 +221,7 @@ class Upstream:
         self.prefix = url.path.rstrip("/")
         self.connect_timeout_s = float(connect_timeout_s)
         self.read_timeout_s = float(read_timeout_s)
+        self.idle_timeout_s = float(idle_timeout_s)
         self._host_header = f"Host: {url.netloc}\r\n".encode()
         self._idle: list[UpstreamReply] = []
 
@@ -239,8 +251,11 @@ class Upstream:
 
         ``headers`` are more header lines, each ``b"Name: value\r\n"``.
 
-        A kept-alive connection that the backend closed before answering (it read nothing
-        of the request) is retried once on a new connection.
+        A request is never sent twice: a kept-alive connection that fails after the request
+        was written may have been read by the backend, so only a ``GET`` or ``HEAD`` is
+        retried on a new connection; anything else fails with :class:`UpstreamError`.
+        Idle connections that the backend closed, or older than ``idle_timeout_s``, are
+        never written to.
 
         Raises:
             UpstreamError: the backend is unreachable or broke off; UpstreamTimeoutError: it did
@@ -255,9 +270,14 @@ class Upstream:
                 f"Content-Length: {len(body)}\r\n\r\n".encode(),
             )
         )
+        stale = asyncio.get_running_loop().time() - self.idle_timeout_s
         while self._idle:
             reply = self._idle.pop()
             if reply._transport is None or reply._transport.is_closing():
+                continue
+            if reply._idle_since < stale:
+                reply.fail(UpstreamError("idle too long"))
+                reply.release()
                 continue
             try:
                 await reply._send(head, body, self.read_timeout_s)
@@ -267,9 +287,13 @@ class Upstream:
                 raise
             except UpstreamError:
                 reply.release()
-                if reply._received:
+                if reply._received or method not in ("GET", "HEAD"):
                     raise
-                # The backend had closed this idle connection: try a fresh one.
+                # Nothing to repeat by mistake: try a fresh connection.
+            except BaseException:  # cancelled: close it, the backend sees the request go
+                reply.fail(UpstreamError("request abandoned"))
+                reply.release()
+                raise
         reply = await self._connect()
         try:
             await reply._send(head, body, self.read_timeout_s)
