@@ -743,7 +743,7 @@ class RedisLeaseGate:
             self._reconcile()
             res = self._acquire(keys=self._keys, args=args)
         except _redis_errors() as err:
-            self._saw_outage = True
+            self._failed()
             return self._check_locally(request.request_id, request.tenant, ent, tok, kv, err)
         return self._decided(request, tok, kv, res)
 
@@ -768,7 +768,8 @@ class RedisLeaseGate:
                 await asyncio.to_thread(self._reconcile)
             res = await self._aacquire(keys=self._keys, args=args)
         except _redis_errors() as err:
-            self._saw_outage = True
+            self._failed()
+            await self._aclient.connection_pool.disconnect(inuse_connections=False)
             return self._check_locally(request.request_id, request.tenant, ent, tok, kv, err)
         return self._decided(request, tok, kv, res)
 
@@ -884,7 +885,7 @@ class RedisLeaseGate:
                 return unadopted
             res = self._release(keys=self._keys, args=args)
         except _redis_errors():
-            self._saw_outage = True
+            self._failed()
             return self._release_later(rid, actual, mine, clamped)
         return self._released(res, actual, clamped)
 
@@ -910,7 +911,8 @@ class RedisLeaseGate:
                 return unadopted
             res = await self._arelease(keys=self._keys, args=args)
         except _redis_errors():
-            self._saw_outage = True
+            self._failed()
+            await self._aclient.connection_pool.disconnect(inuse_connections=False)
             return self._release_later(rid, actual, mine, clamped)
         return self._released(res, actual, clamped)
 
@@ -999,7 +1001,7 @@ class RedisLeaseGate:
                 held = [(r, v) for r, v in self._held.items() if r not in self._local_ids]
             res = self._renew(keys=self._keys, args=self._renew_args(common, held))
         except _redis_errors():
-            self._saw_outage = True
+            self._failed()
             raise
         self._seen()
         return int(res[0]), int(res[1]), int(res[2])
@@ -1075,6 +1077,12 @@ class RedisLeaseGate:
         self._pending_charge[tenant] = self._pending_charge.get(tenant, 0) + charged
         return LeaseRelease(True, charged, actual > tok)
 
+    def _failed(self) -> None:
+        """Redis failed a call: reconcile when it answers, on fresh connections (those in
+        the pool may be to a server that is gone)."""
+        self._saw_outage = True
+        self._client.connection_pool.disconnect(inuse_connections=False)
+
     def _outstanding(self) -> bool:
         return bool(
             self._saw_outage or self._local_ids or self._pending_release or self._pending_charge
@@ -1094,7 +1102,9 @@ class RedisLeaseGate:
             if self._saw_outage:
                 self._saw_outage = False
                 try:
-                    self._hold(keys=self._keys, args=common)
+                    if any(f > 0 for f in self._outage.local_fraction.values()):
+                        # a replica may have admitted alone: let each push its leases
+                        self._hold(keys=self._keys, args=common)
                 except BaseException:
                     self._saw_outage = True
                     raise
@@ -1103,6 +1113,11 @@ class RedisLeaseGate:
                 self._adopting = {r for r, _ in adopt}
                 releases = dict(self._pending_release)
                 charges = dict(self._pending_charge)
+            # Releases first: Redis then counts no finished request beside the adopted ones.
+            for rid, actual in releases.items():
+                self._release(keys=self._keys, args=[*common, rid, actual, self._idle])
+                with self._lock:
+                    self._pending_release.pop(rid, None)
             try:
                 if adopt:
                     self._renew(keys=self._keys, args=self._renew_args(common, adopt))
@@ -1111,10 +1126,6 @@ class RedisLeaseGate:
             finally:
                 with self._lock:
                     self._adopting = set()
-            for rid, actual in releases.items():
-                self._release(keys=self._keys, args=[*common, rid, actual, self._idle])
-                with self._lock:
-                    self._pending_release.pop(rid, None)
             for tenant, amount in charges.items():
                 ent = self.entitlement(tenant)
                 assert ent is not None

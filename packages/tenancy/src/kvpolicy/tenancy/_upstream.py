@@ -59,6 +59,8 @@ class UpstreamReply(asyncio.Protocol):
         self._keep = False
         self._error: UpstreamError | None = None
         self._received = False
+        self._buffered = 0
+        self._paused = False
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -91,6 +93,10 @@ class UpstreamReply(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > _HIGH_WATER and not self._paused and self._transport is not None:
+            self._paused = True  # the reader is behind: let TCP hold the rest
+            self._transport.pause_reading()
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -135,10 +141,10 @@ class UpstreamReply(asyncio.Protocol):
         Raises:
             UpstreamError: the backend broke off; UpstreamTimeoutError: it was silent too long.
         """
-        await self._wait(lambda: self._done, self._owner.read_timeout_s)
-        body = b"".join(self._chunks)
-        self._chunks.clear()
-        return body
+        parts = []
+        while part := await self.chunk():
+            parts.append(part)
+        return b"".join(parts)
 
     async def chunk(self) -> bytes:
         """The body bytes received since the last call, waiting for some; ``b""`` at its end.
@@ -151,6 +157,11 @@ class UpstreamReply(asyncio.Protocol):
             return b""
         out = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
         self._chunks.clear()
+        self._buffered = 0
+        if self._paused:
+            self._paused = False
+            if self._transport is not None:
+                self._transport.resume_reading()
         return out
 
     def release(self) -> None:
@@ -172,6 +183,9 @@ class UpstreamReply(asyncio.Protocol):
         if len(body) >= 65_536:
             self._transport.write(body)
         await self._wait(lambda: self._headers_done, timeout)
+
+
+_HIGH_WATER = 1 << 20  # bytes of an answer buffered before reading from the backend pauses
 
 
 def _expire(waiter: asyncio.Future[None], timeout: float) -> None:

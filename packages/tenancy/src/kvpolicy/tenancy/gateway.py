@@ -38,8 +38,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from kvpolicy.kvmodel import GateDecision, Request
 from kvpolicy.tenancy._entitlements import TokenEntitlement, TokenPool, fundable_tokens
 from kvpolicy.tenancy._errors import UnknownRequestError
+from kvpolicy.tenancy._front import FrontLimits, front_protocol
 from kvpolicy.tenancy._gate import TokenPoolGate
-from kvpolicy.tenancy._lease import LeaseRelease
+from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy
 from kvpolicy.tenancy._upstream import Upstream, UpstreamError, UpstreamReply, UpstreamTimeoutError
 
 Scope = MutableMapping[str, Any]
@@ -49,6 +50,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 __all__ = [
     "Admission",
+    "FrontLimits",
     "Gate",
     "LocalGate",
     "Reply",
@@ -58,6 +60,8 @@ __all__ = [
     "create_app",
     "estimate_prompt_tokens",
     "load_api_keys",
+    "main",
+    "serve",
 ]
 
 _log = logging.getLogger("kvpolicy.tenancy")
@@ -1096,3 +1100,152 @@ class TokenPoolMiddleware:
             await self.app(scope, replay, counting_send)
         finally:
             await self.admission.afinish(ticket)
+
+
+def serve(
+    app: Callable[[Scope, Receive, Send], Awaitable[None]],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    limits: FrontLimits | None = None,
+    admin_app: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None,
+    admin_host: str = "127.0.0.1",
+    admin_port: int | None = None,
+    limit_concurrency: int | None = None,
+) -> None:
+    """Serve ``app`` with uvicorn until a signal stops it, request heads bounded by
+    ``limits`` (:class:`FrontLimits`), at most ``limit_concurrency`` connections and
+    requests at once (503 beyond; uvicorn's own setting), and ``admin_app`` (if given) on
+    ``admin_host:admin_port``: a listener for operators only."""
+    import uvicorn
+
+    proto = front_protocol(FrontLimits() if limits is None else limits)
+    # No access log or proxy-header rewriting: the gateway uses neither, and each costs
+    # CPU on every request.
+    common: dict[str, Any] = {
+        "http": proto,
+        "log_level": "warning",
+        "access_log": False,
+        "proxy_headers": False,
+    }
+    main = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, limit_concurrency=limit_concurrency, **common)
+    )
+    if admin_app is None:
+        main.run()
+        return
+    if admin_port is None:
+        raise ValueError("'admin_port' is required with an admin app: None")
+    admin = uvicorn.Server(
+        uvicorn.Config(admin_app, host=admin_host, port=admin_port, lifespan="off", **common)
+    )
+
+    async def both() -> None:
+        tasks = [asyncio.ensure_future(s.serve()) for s in (main, admin)]
+        _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        main.should_exit = admin.should_exit = True  # one stopped (a signal): stop both
+        await asyncio.gather(*pending)
+
+    factory = main.config.get_loop_factory()
+    if factory is None:
+        asyncio.run(both())
+    else:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(both())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m kvpolicy.tenancy.gateway``: serve the gateway (``--help`` lists the
+    settings). The admin key is read from ``KVPOLICY_ADMIN_KEY``, never from the command
+    line (where every user of the host can read it)."""
+    import argparse
+
+    from kvpolicy.tenancy._manifest import load_gate, load_lease_gate
+
+    p = argparse.ArgumentParser(prog="python -m kvpolicy.tenancy.gateway")
+    p.add_argument("--config", required=True, help="pool manifest (JSON or YAML)")
+    p.add_argument("--backend", required=True, help="base URL of the backend")
+    p.add_argument("--api-keys", required=True, help="API key -> tenant file")
+    p.add_argument("--redis", default=None, help="redis://host:port/db (replicas)")
+    p.add_argument("--namespace", default="kvpolicy", help="Redis key prefix of the pool")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--admin-port", type=int, default=None, help="loopback admin listener")
+    p.add_argument("--bytes-per-token", type=int, default=1)
+    p.add_argument("--model", action="append", default=None, help="a model served")
+    p.add_argument("--timeout", type=float, default=600.0, help="backend silence, s")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="request body, s")
+    p.add_argument("--header-timeout", type=float, default=10.0, help="request head, s")
+    p.add_argument("--max-header-bytes", type=int, default=16_384)
+    p.add_argument("--max-headers", type=int, default=100)
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    p.add_argument("--max-json-depth", type=int, default=32)
+    p.add_argument("--limit-concurrency", type=int, default=None)
+    p.add_argument("--renew-interval", type=float, default=5.0, help="lease renewals, s")
+    p.add_argument("--recovery", type=float, default=None, help="Redis recovery window, s")
+    p.add_argument("--lease-ttl", type=float, default=30.0, help="Redis lease lifetime, s")
+    p.add_argument(
+        "--outage",
+        action="append",
+        default=None,
+        metavar="CLASS=FRACTION",
+        help="baseline concurrency a replica admits alone while Redis is away, per service "
+        "class (repeat; given once, unnamed classes fail closed)",
+    )
+    args = p.parse_args(argv)
+    keys = load_api_keys(args.api_keys)
+    gate: Gate
+    if args.redis:
+        gate = load_lease_gate(
+            args.config,
+            args.bytes_per_token,
+            args.redis,
+            namespace=args.namespace,
+            recovery_s=args.recovery,
+            lease_ttl_s=args.lease_ttl,
+            outage=_outage(args.outage),
+        )
+    else:
+        gate = LocalGate(load_gate(args.config, args.bytes_per_token))
+    admission = Admission(
+        gate,
+        keys,
+        models=tuple(args.model) if args.model else None,
+        max_body_bytes=args.max_body_bytes,
+        max_json_depth=args.max_json_depth,
+    )
+    app = create_app(
+        admission,
+        args.backend,
+        timeout_s=args.timeout,
+        body_timeout_s=args.body_timeout,
+        renew_interval_s=args.renew_interval,
+        admin_key=os.environ.get("KVPOLICY_ADMIN_KEY") or None,
+    )
+    limits = FrontLimits(args.max_header_bytes, args.max_headers, args.header_timeout)
+    serve(
+        app,
+        host=args.host,
+        port=args.port,
+        limits=limits,
+        admin_app=create_admin_app(admission) if args.admin_port is not None else None,
+        admin_port=args.admin_port,
+        limit_concurrency=args.limit_concurrency,
+    )
+
+
+def _outage(pairs: list[str] | None) -> OutagePolicy:
+    if pairs is None:
+        return OutagePolicy()
+    fractions: dict[str, float] = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        try:
+            fractions[name] = float(value)
+        except ValueError:
+            raise ValueError(f"'--outage' must be CLASS=FRACTION: {pair!r}") from None
+    return OutagePolicy(fractions)
+
+
+if __name__ == "__main__":
+    main()
