@@ -254,7 +254,9 @@ def load_api_keys(source: str | os.PathLike[str] | Mapping[str, str]) -> dict[st
         except json.JSONDecodeError:
             import yaml
 
-            doc = yaml.safe_load(text)
+            from kvpolicy.tenancy._manifest import load_yaml
+
+            doc = load_yaml(yaml, text, str(source))
     if not isinstance(doc, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in doc.items()
     ):
