@@ -332,7 +332,9 @@ class TestObserve:
 
 
 def _chat(**extra: Any) -> bytes:
-    return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}).encode()
+    return json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    ).encode()
 
 
 def _budget_pool() -> TokenPool:
@@ -505,7 +507,9 @@ class TestHostileInput:
         with pytest.raises(httpx.TimeoutException):
             httpx.post(
                 url + "/v1/chat/completions",
-                content=json.dumps({"model": "slow", "messages": [{"role": "user", "content": "x"}]}),
+                content=json.dumps(
+                    {"model": "slow", "messages": [{"role": "user", "content": "x"}]}
+                ),
                 headers=auth,
                 timeout=0.3,
             )

@@ -91,7 +91,9 @@ class TestLoadManifest:
         ):
             load_manifest(bad)
         bad = json.loads(json.dumps(MANIFEST))
-        bad["entitlements"].append({**json.loads(json.dumps(bad["entitlements"][0])), "tenant": "t"})
+        bad["entitlements"].append(
+            {**json.loads(json.dumps(bad["entitlements"][0])), "tenant": "t"}
+        )
         bad["entitlements"][2]["baseline"]["concurrency"] = 13
         with pytest.raises(ManifestError, match="pool: reserved baselines need concurrency=17"):
             load_manifest(bad)
@@ -100,19 +102,37 @@ class TestLoadManifest:
     @pytest.mark.parametrize(
         ("path", "value", "message"),
         [
-            (("entitlements", 0, "baseline", "concurrency"), 100,
-             "'entitlements[0].baseline.concurrency' (100) exceeds the pool's capacity (16)"),
-            (("entitlements", 1, "burst", "concurrency"), 100,
-             "'entitlements[1].burst.concurrency' (100) exceeds the pool's capacity (16)"),
-            (("pool", "capacity", "concurrency"), 10**30,
-             "pool.capacity: 'concurrency' must be > 0 and <= 10000000: <huge int>"),
-            (("pool", "capacity", "tokens_per_s"), float("inf"),
-             "pool.capacity: 'tokens_per_s' must be finite, > 0 and <= 1e+12: inf"),
+            (
+                ("entitlements", 0, "baseline", "concurrency"),
+                100,
+                "'entitlements[0].baseline.concurrency' (100) exceeds the pool's capacity (16)",
+            ),
+            (
+                ("entitlements", 1, "burst", "concurrency"),
+                100,
+                "'entitlements[1].burst.concurrency' (100) exceeds the pool's capacity (16)",
+            ),
+            (
+                ("pool", "capacity", "concurrency"),
+                10**30,
+                "pool.capacity: 'concurrency' must be > 0 and <= 10000000: <huge int>",
+            ),
+            (
+                ("pool", "capacity", "tokens_per_s"),
+                float("inf"),
+                "pool.capacity: 'tokens_per_s' must be finite, > 0 and <= 1e+12: inf",
+            ),
             (("pool", "capacity", "kv_cache_gib"), float("nan"), "pool.capacity.kv_cache_gib"),
-            (("entitlements", 0, "tenant"), "a\x00b",
-             "entitlements[0]: 'tenant' must not contain control characters: 'a\\x00b'"),
-            (("entitlements", 0, "tenant"), "x" * 10**6,
-             "entitlements[0]: 'tenant' must have 1 to 253 characters: 'xxxx"),
+            (
+                ("entitlements", 0, "tenant"),
+                "a\x00b",
+                "entitlements[0]: 'tenant' must not contain control characters: 'a\\x00b'",
+            ),
+            (
+                ("entitlements", 0, "tenant"),
+                "x" * 10**6,
+                "entitlements[0]: 'tenant' must have 1 to 253 characters: 'xxxx",
+            ),
             (("pool", "name"), "p\nq", "pool: 'name' must not contain control characters"),
         ],
     )
@@ -144,7 +164,7 @@ class TestLoadManifest:
         assert len(str(info.value)) < 400
         twice = tmp_path / "twice.yaml"
         twice.write_text("pool:\n  name: p\n  name: q\n")
-        with pytest.raises(ManifestError, match="duplicate key 'name'.*line 3"):
+        with pytest.raises(ManifestError, match=r"duplicate key 'name'.*line 3"):
             load_manifest(twice)
 
     def test_bad_file(self, tmp_path: pathlib.Path) -> None:

@@ -38,8 +38,7 @@ _BOUNDS = {
 def _positive_finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not (math.isfinite(value) and 0 < value <= _BOUNDS[attribute.name]):
         raise ValueError(
-            f"'{attribute.name}' must be finite, > 0 and <= {_BOUNDS[attribute.name]:g}: "
-            f"{value!r}"
+            f"'{attribute.name}' must be finite, > 0 and <= {_BOUNDS[attribute.name]:g}: {value!r}"
         )
 
 
@@ -56,7 +55,9 @@ def _name(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
     if not isinstance(value, str):
         raise TypeError(f"'{attribute.name}' must be str: {_short(value)}")
     if not 0 < len(value) <= MAX_NAME:
-        raise ValueError(f"'{attribute.name}' must have 1 to {MAX_NAME} characters: {_short(value)}")
+        raise ValueError(
+            f"'{attribute.name}' must have 1 to {MAX_NAME} characters: {_short(value)}"
+        )
     if _CONTROL.search(value):
         raise ValueError(f"'{attribute.name}' must not contain control characters: {_short(value)}")
 

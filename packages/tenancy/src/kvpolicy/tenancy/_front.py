@@ -101,9 +101,9 @@ def front_protocol(limits: FrontLimits) -> type[asyncio.Protocol]:
                 self._head_bytes += len(data)
             super().data_received(data)
             # Still in the head after this read: every byte counted was head.
-            if counting and self._in_head and not self.transport.is_closing():
-                if self._head_bytes > limits.max_header_bytes:
-                    self._refuse(_431)
+            over = self._head_bytes > limits.max_header_bytes
+            if counting and over and self._in_head and not self.transport.is_closing():
+                self._refuse(_431)
 
         def send_400_response(self, msg: str) -> None:
             if self._too_big:

@@ -41,7 +41,7 @@ from kvpolicy.tenancy._errors import UnknownRequestError
 from kvpolicy.tenancy._front import FrontLimits, front_protocol
 from kvpolicy.tenancy._gate import TokenPoolGate
 from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy
-from kvpolicy.tenancy._upstream import Upstream, UpstreamError, UpstreamReply, UpstreamTimeoutError
+from kvpolicy.tenancy._upstream import Upstream, UpstreamError, UpstreamTimeoutError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -112,9 +112,7 @@ class LocalGate:
         """Admit or deny ``request`` now, charging ``prompt_len + max_output_tokens`` (the
         entitlement's ``max_output_tokens`` when ``None``); ``time`` is ignored (the
         process's clock decides)."""
-        decision = self._gate.check(
-            request, _now(self._t0), max_output_tokens=max_output_tokens
-        )
+        decision = self._gate.check(request, _now(self._t0), max_output_tokens=max_output_tokens)
         if decision.admitted:
             ent = self._gate.entitlement(request.tenant)
             assert ent is not None  # admitted under an entitlement
@@ -345,7 +343,7 @@ def estimate_prompt_tokens(doc: Mapping[str, Any], chat: bool) -> int:
     return max(1, total)
 
 
-def _positive(doc: Mapping[str, Any], key: str) -> int | None | str:
+def _positive(doc: Mapping[str, Any], key: str) -> int | str | None:
     """``doc[key]`` as a positive int, ``None`` when absent or null, else an error message."""
     value = doc.get(key)
     if value is None:
@@ -382,7 +380,9 @@ def _invalid(doc: Mapping[str, Any], chat: bool) -> str | None:
                 isinstance(p, str | list) or (isinstance(p, int) and not isinstance(p, bool))
                 for p in prompt
             ):
-                return f"'prompt' must be a non-empty list of strings or token ids: {_short(prompt)}"
+                return (
+                    f"'prompt' must be a non-empty list of strings or token ids: {_short(prompt)}"
+                )
         elif not isinstance(prompt, str):
             return f"'prompt' must be a string or a list: {_short(prompt)}"
     stream = doc.get("stream")
@@ -745,7 +745,7 @@ def _header(scope: Scope, name: bytes) -> str:
     return ""
 
 
-class _ClientGone(Exception):
+class _ClientGoneError(Exception):
     """The client disconnected before its request body was whole."""
 
 
@@ -753,7 +753,7 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None
     """The request's body, or ``None`` when it exceeds ``limit`` bytes.
 
     Raises:
-        _ClientGone: the client disconnected first.
+        _ClientGoneError: the client disconnected first.
     """
     size = _header(scope, b"content-length")
     if size.isdigit() and int(size) > limit:
@@ -763,7 +763,7 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _ClientGone
+            raise _ClientGoneError
         chunk = message.get("body", b"")
         total += len(chunk)
         if total > limit:
@@ -890,7 +890,7 @@ class _Gateway:
         except TimeoutError:
             await _TOO_SLOW(scope, receive, send)
             return
-        except _ClientGone:
+        except _ClientGoneError:
             return
         if body is None:
             await _TOO_LARGE(scope, receive, send)
@@ -927,7 +927,9 @@ class _Gateway:
         try:
             upstream = await self.upstream.request("POST", path, ticket.body)
         except UpstreamTimeoutError:
-            await _send_reply(send, _error(504, "Backend timed out.", "api_error", "backend-timeout"))
+            await _send_reply(
+                send, _error(504, "Backend timed out.", "api_error", "backend-timeout")
+            )
             return
         except UpstreamError as err:
             reply = _error(502, f"Backend unreachable: {err}", "api_error", "backend-error")
@@ -1074,7 +1076,7 @@ class TokenPoolMiddleware:
             return
         try:
             body = await _read_body(scope, receive, self.admission.max_body_bytes)
-        except _ClientGone:
+        except _ClientGoneError:
             return
         if body is None:
             await _TOO_LARGE(scope, receive, send)
