@@ -28,7 +28,9 @@ from starlette.routing import Route  # noqa: E402
 from kvpolicy.kvmodel import Request  # noqa: E402
 from kvpolicy.tenancy import (  # noqa: E402
     RedisLeaseGate,
+    RefreshConfig,
     Resources,
+    ThroughputRefresh,
     TokenEntitlement,
     TokenPool,
     TokenPoolGate,
@@ -36,6 +38,7 @@ from kvpolicy.tenancy import (  # noqa: E402
 from kvpolicy.tenancy.gateway import (  # noqa: E402
     Admission,
     LocalGate,
+    Reply,
     Ticket,
     TokenPoolMiddleware,
     create_admin_app,
@@ -517,3 +520,33 @@ class TestHostileInput:
             time.sleep(0.01)
         assert adm.gate.usage("a")["in_flight"] == 0
         assert time.monotonic() - started < 2.0
+
+
+class TestRefresh:
+    def test_token_denials_with_room_raise_the_estimate(self) -> None:
+        """Over an in-process gate the gateway feeds ThroughputRefresh: completions on time,
+        429s for tokens and a pool with room make the window's end raise every token rate
+        by the probe factor (1.5)."""
+        local = LocalGate(TokenPoolGate(_budget_pool(), 1))
+        config = RefreshConfig(window_s=0.01, min_completions=1, ttft_s=10.0, tpot_s=10.0)
+        adm = Admission(local, {"k": "b"}, refresh=ThroughputRefresh(local, config))
+
+        async def run() -> list[Any]:
+            got = [await adm.admit("Bearer k", _chat(max_tokens=4000)) for _ in range(5)]
+            for ticket in got[:4]:
+                assert isinstance(ticket, Ticket)
+                ticket.first = ticket.started + 0.001
+                adm.observe(ticket, b'{"usage": {"prompt_tokens": 8, "completion_tokens": 9}}')
+                await adm.afinish(ticket)
+            return got
+
+        got = asyncio.run(run())
+        assert isinstance(got[4], Reply)
+        assert json.loads(got[4].body)["error"]["code"] == "tokens"
+        assert local.tokens_per_s == 10_000
+        time.sleep(0.02)
+        adm.tick(busy=False)
+        assert local.tokens_per_s == pytest.approx(15_000)
+        ent = local.entitlement("b")
+        assert ent is not None
+        assert ent.limits.tokens_per_s == pytest.approx(450)

@@ -34,6 +34,7 @@ from kvpolicy.tenancy._math import (
     service_gap,
     update_debt,
 )
+from kvpolicy.tenancy._refresh import RefreshConfig, ThroughputRefresh, refresh_factor
 from kvpolicy.tenancy._shares import token_pool_gateway
 from kvpolicy.tenancy._store import (
     EntitlementState,
@@ -60,10 +61,12 @@ __all__ = [
     "PoolState",
     "PriorityCoefficients",
     "RedisLeaseGate",
+    "RefreshConfig",
     "Resources",
     "ServiceClass",
     "StateStore",
     "TenancyError",
+    "ThroughputRefresh",
     "TokenEntitlement",
     "TokenPool",
     "TokenPoolGate",
@@ -79,6 +82,7 @@ __all__ = [
     "load_manifest",
     "manifest_schema",
     "priority_weight",
+    "refresh_factor",
     "replay_experiment",
     "retry_after",
     "service_class",

@@ -41,6 +41,7 @@ from kvpolicy.tenancy._errors import UnknownRequestError
 from kvpolicy.tenancy._front import FrontLimits, front_protocol
 from kvpolicy.tenancy._gate import TokenPoolGate
 from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy
+from kvpolicy.tenancy._refresh import RefreshConfig, ThroughputRefresh
 from kvpolicy.tenancy._upstream import Upstream, UpstreamError, UpstreamTimeoutError
 
 Scope = MutableMapping[str, Any]
@@ -169,6 +170,17 @@ class LocalGate:
     def held(self) -> int:
         """Requests this gate holds now."""
         return len(self._held)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The pool's tokens per second the gate assumes now (kvmodel's
+        ``ThroughputScalable``, what :class:`~kvpolicy.tenancy.ThroughputRefresh` adjusts)."""
+        return self._gate.tokens_per_s
+
+    def scale_throughput(self, factor: float, time: float) -> None:
+        """Multiply every token rate by ``factor`` now (``time`` is ignored: the process's
+        clock decides, as for :meth:`check`)."""
+        self._gate.scale_throughput(factor, _now(self._t0))
 
     def renew(self, time: None = None) -> tuple[int, int, int]:
         """Nothing to renew in one process."""
@@ -448,6 +460,7 @@ class Ticket:
     __slots__ = (
         "body",
         "done",
+        "first",
         "max_tokens",
         "output_tokens",
         "partial",
@@ -472,6 +485,7 @@ class Ticket:
         self.partial = b""
         self.tail = b""
         self.done = False
+        self.first = 0.0  # when the answer's first bytes came (0: none yet)
 
     @property
     def tenant(self) -> str:
@@ -515,6 +529,11 @@ class Admission:
         max_json_depth: the deepest nesting of arrays and objects in a body.
         prompt_tokens: ``(body, chat) -> tokens`` counting a prompt as the backend will (a
             tokenizer and the chat template); :func:`estimate_prompt_tokens` by default.
+        refresh: keeps the gate's throughput estimate honest
+            (:class:`~kvpolicy.tenancy.ThroughputRefresh` over a ``ThroughputScalable`` gate,
+            such as :class:`LocalGate`): fed each completion (its tokens, time to first
+            byte and per output token), each 429 and, from :meth:`tick`, whether the pool
+            was full.
     """
 
     def __init__(
@@ -526,6 +545,7 @@ class Admission:
         max_body_bytes: int = 1 << 20,
         max_json_depth: int = 32,
         prompt_tokens: Callable[[Mapping[str, Any], bool], int] | None = None,
+        refresh: ThroughputRefresh | None = None,
     ) -> None:
         """See the class docstring."""
         for name, value in (("max_body_bytes", max_body_bytes), ("max_json_depth", max_json_depth)):
@@ -537,6 +557,9 @@ class Admission:
         self.max_body_bytes = max_body_bytes
         self.max_json_depth = max_json_depth
         self.prompt_tokens = estimate_prompt_tokens if prompt_tokens is None else prompt_tokens
+        self.refresh = refresh
+        self._t0 = time.monotonic()
+        self._ticked = 0.0
         self.registry = CollectorRegistry()
         labels = ["entitlement"]
         reg = self.registry
@@ -623,6 +646,8 @@ class Admission:
         decision = await self.gate.acheck(req, max_output_tokens=mt)
         if not decision.admitted:
             self._denied(tenant, decision.reason).inc()
+            if self.refresh is not None:
+                self.refresh.denied(decision.reason)
             retry = max(1, math.ceil(decision.retry_after))
             msg = f"Rate limited ({decision.reason}); retry after {decision.retry_after:.2f} s."
             return _error(
@@ -719,8 +744,21 @@ class Admission:
         if not task.cancelled() and task.exception() is None:
             self._booked(ticket, task.result())
 
+    def tick(self, busy: bool) -> None:
+        """Tell the refresh the time since the last tick passed, with the pool full
+        (``busy``) or not; a window's end rescales the gate."""
+        if self.refresh is not None:
+            now = time.monotonic() - self._t0
+            self.refresh.iteration(self._ticked, now, busy)
+            self._ticked = now
+
     def _booked(self, ticket: Ticket, out: LeaseRelease) -> LeaseRelease:
         tenant = ticket.request.tenant
+        if self.refresh is not None and ticket.first and out.released:
+            end = time.monotonic()
+            ttft = ticket.first - ticket.started
+            tpot = (end - ticket.first) / max(1, ticket.output_tokens - 1)
+            self.refresh.completed(out.charged_tokens, ttft, tpot)
         self._in_flight(tenant).dec()
         self._tokens(tenant).inc(out.charged_tokens)
         self._latency(tenant).inc(time.monotonic() - ticket.started)
@@ -807,6 +845,7 @@ class _Gateway:
         self.body_timeout_s = body_timeout_s
         self.admin_key = admin_key.encode() if admin_key else None
         self._renewer: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -847,6 +886,8 @@ class _Gateway:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
                     self._renewer = asyncio.create_task(self._renew_loop())
+                    if self.admission.refresh is not None:
+                        self._ticker = asyncio.create_task(self._tick_loop())
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
                     await self._close()
@@ -856,9 +897,10 @@ class _Gateway:
             await self._close()
 
     async def _close(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            self._renewer = None
+        for task in (self._renewer, self._ticker):
+            if task is not None:
+                task.cancel()
+        self._renewer = self._ticker = None
         self.upstream.close()
         await self.admission.aclose()
 
@@ -873,6 +915,14 @@ class _Gateway:
                 wait = min(self.renew_interval_s, 0.25)
             else:
                 wait = self.renew_interval_s
+
+    async def _tick_loop(self) -> None:
+        """Every 0.25 s: was the pool full (every slot in flight)? The refresh's busy time."""
+        adm = self.admission
+        slots = adm.gate.pool.capacity.concurrency
+        while True:
+            await asyncio.sleep(0.25)
+            adm.tick(adm.gate.usage()["in_flight"] >= slots)
 
     async def proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Admit, proxy and release one request.
@@ -941,7 +991,10 @@ class _Gateway:
             await send(
                 {"type": "http.response.start", "status": upstream.status, "headers": headers}
             )
+            ok = upstream.status == 200
             while chunk := await upstream.chunk():
+                if ok and not ticket.first:
+                    ticket.first = time.monotonic()
                 adm.observe(ticket, chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
@@ -1189,6 +1242,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--recovery", type=float, default=None, help="Redis recovery window, s")
     p.add_argument("--lease-ttl", type=float, default=30.0, help="Redis lease lifetime, s")
     p.add_argument(
+        "--refresh-window",
+        type=float,
+        default=0.0,
+        help="seconds between throughput refreshes from the service observed (0: never; "
+        "in-process gate only)",
+    )
+    p.add_argument(
         "--outage",
         action="append",
         default=None,
@@ -1199,6 +1259,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     keys = load_api_keys(args.api_keys)
     gate: Gate
+    refresh = None
+    if args.redis and args.refresh_window > 0:
+        p.error("--refresh-window needs the in-process gate (no --redis)")
     if args.redis:
         gate = load_lease_gate(
             args.config,
@@ -1210,13 +1273,17 @@ def main(argv: list[str] | None = None) -> None:
             outage=_outage(args.outage),
         )
     else:
-        gate = LocalGate(load_gate(args.config, args.bytes_per_token))
+        local = LocalGate(load_gate(args.config, args.bytes_per_token))
+        if args.refresh_window > 0:
+            refresh = ThroughputRefresh(local, RefreshConfig(window_s=args.refresh_window))
+        gate = local
     admission = Admission(
         gate,
         keys,
         models=tuple(args.model) if args.model else None,
         max_body_bytes=args.max_body_bytes,
         max_json_depth=args.max_json_depth,
+        refresh=refresh,
     )
     app = create_app(
         admission,
