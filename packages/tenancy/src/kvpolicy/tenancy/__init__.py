@@ -24,7 +24,13 @@ from kvpolicy.tenancy._errors import ManifestError, TenancyError, UnknownRequest
 from kvpolicy.tenancy._experiments import replay_experiment
 from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
 from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy, RedisLeaseGate
-from kvpolicy.tenancy._manifest import dump_manifest, load_gate, load_lease_gate, load_manifest
+from kvpolicy.tenancy._manifest import (
+    dump_manifest,
+    load_gate,
+    load_lease_gate,
+    load_manifest,
+    load_yaml,
+)
 from kvpolicy.tenancy._math import (
     PriorityCoefficients,
     burst_intensity,
@@ -80,6 +86,7 @@ __all__ = [
     "load_gate",
     "load_lease_gate",
     "load_manifest",
+    "load_yaml",
     "manifest_schema",
     "priority_weight",
     "refresh_factor",

@@ -23,7 +23,7 @@ from kvpolicy.tenancy._lease import RedisLeaseGate
 from kvpolicy.tenancy._math import PriorityCoefficients
 from kvpolicy.tenancy._store import StateStore
 
-__all__ = ["dump_manifest", "load_gate", "load_lease_gate", "load_manifest"]
+__all__ = ["dump_manifest", "load_gate", "load_lease_gate", "load_manifest", "load_yaml"]
 
 _GIB = 2**30
 _RESOURCE_KEYS = frozenset({"tokens_per_s", "kv_bytes", "kv_cache_gib", "concurrency"})
@@ -290,20 +290,26 @@ def _read(path: pathlib.Path) -> Any:
         except (json.JSONDecodeError, RecursionError) as err:
             raise ManifestError(f"manifest {str(path)!r} is not JSON: {_short(str(err))}") from err
     if suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError as err:
-            raise ManifestError(
-                "YAML manifests need PyYAML: pip install --find-links dist 'kvpolicy-tenancy[yaml]'"
-            ) from err
-        return load_yaml(yaml, text, str(path))
+        return load_yaml(text, str(path))
     raise ManifestError(f"manifest must end in .json, .yaml or .yml: {str(path)!r}")
 
 
-def load_yaml(yaml: Any, text: str, name: str) -> Any:
-    """Parse ``text`` with PyYAML's safe loader (libyaml's when there is one), refusing
-    aliases (an alias bomb expands exponentially) and duplicate keys (which YAML resolves
-    silently, the last winning)."""
+def load_yaml(text: str, name: str = "<yaml>") -> Any:
+    """Parse YAML ``text`` (``name``: where it came from, for errors) with PyYAML's safe
+    loader (libyaml's when there is one), refusing aliases (an alias bomb expands
+    exponentially, and rendering it in an error takes gigabytes) and duplicate keys (which
+    YAML resolves silently, the last winning).
+
+    Raises:
+        ManifestError: PyYAML is missing, the text is not YAML, or it has an alias or a
+            duplicate key (named with its line); the message never renders the document.
+    """
+    try:
+        import yaml
+    except ImportError as err:
+        raise ManifestError(
+            "YAML needs PyYAML: pip install --find-links dist 'kvpolicy-tenancy[yaml]'"
+        ) from err
     base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
     class Loader(base):  # type: ignore[misc, valid-type]

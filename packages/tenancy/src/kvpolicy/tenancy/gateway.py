@@ -262,11 +262,9 @@ def load_api_keys(source: str | os.PathLike[str] | Mapping[str, str]) -> dict[st
         try:
             doc = json.loads(text)
         except json.JSONDecodeError:
-            import yaml
-
             from kvpolicy.tenancy._manifest import load_yaml
 
-            doc = load_yaml(yaml, text, str(source))
+            doc = load_yaml(text, str(source))
     if not isinstance(doc, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in doc.items()
     ):
