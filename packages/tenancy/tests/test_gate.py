@@ -479,3 +479,11 @@ class TestReleaseTokens:
         assert (gate.usage("s"), gate.pool_state()) == before
         gate.release(req, 1.0)
         assert gate.pool_state().in_flight == 0
+
+
+class TestConfigBounds:
+    @pytest.mark.parametrize("name", ["window_s", "update_interval_s", "max_retry_s"])
+    def test_absurd_windows_are_refused(self, name: str) -> None:
+        """A window of 10^30 s would fund years of traffic at once: refused, named."""
+        with pytest.raises(ValueError, match=f"'{name}' must be finite, > 0 and <= 86400: 1e"):
+            GateConfig(**{name: 1e30})

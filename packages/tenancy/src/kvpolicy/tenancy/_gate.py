@@ -34,9 +34,15 @@ _log = logging.getLogger("kvpolicy.tenancy")
 _ADMIT = GateDecision(admitted=True)
 
 
+MAX_SECONDS = 86_400.0
+"""The longest control interval, bucket window or Retry-After a gate takes (a day): beyond
+it a bucket would fund years of traffic at once, and Redis's arithmetic loses precision."""
+
+
 def _finite_positive(_inst: object, attribute: object, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"'{getattr(attribute, 'name', '?')}' must be finite and > 0: {value!r}")
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        name = getattr(attribute, "name", "?")
+        raise ValueError(f"'{name}' must be finite, > 0 and <= {MAX_SECONDS:g}: {value!r}")
 
 
 def _fraction(_inst: object, attribute: object, value: float) -> None:

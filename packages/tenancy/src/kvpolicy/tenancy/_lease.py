@@ -202,7 +202,10 @@ class RedisLeaseGate:
             raise ValueError(f"'namespace' must be a non-empty str: {namespace!r}")
         if clock not in ("redis", "request"):
             raise ValueError(f"'clock' must be 'redis' or 'request': {clock!r}")
-        for name, value in (("lease_ttl_s", lease_ttl_s), ("idle_ttl_s", idle_ttl_s)):
+        for name, value, most in (
+            ("lease_ttl_s", lease_ttl_s, 86_400.0),
+            ("idle_ttl_s", idle_ttl_s, 30 * 86_400.0),
+        ):
             if not (
                 isinstance(value, int | float)
                 and not isinstance(value, bool)
@@ -210,15 +213,17 @@ class RedisLeaseGate:
                 and value > 0
             ):
                 raise ValueError(f"'{name}' must be finite and > 0: {value!r}")
+            if value > most:
+                raise ValueError(f"'{name}' must be <= {most:g}: {value!r}")
         if recovery_s is None:
             recovery_s = lease_ttl_s / 3 if clock == "redis" else 0.0
         if not (
             isinstance(recovery_s, int | float)
             and not isinstance(recovery_s, bool)
             and math.isfinite(recovery_s)
-            and recovery_s >= 0
+            and 0 <= recovery_s <= 86_400
         ):
-            raise ValueError(f"'recovery_s' must be finite and >= 0: {recovery_s!r}")
+            raise ValueError(f"'recovery_s' must be finite, >= 0 and <= 86400: {recovery_s!r}")
         if default_entitlement is not None:
             if not isinstance(default_entitlement, TokenEntitlement):
                 raise TypeError(
