@@ -22,7 +22,7 @@ from kvpolicy.tenancy._crd import crd_documents, custom_resources, manifest_sche
 from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool
 from kvpolicy.tenancy._errors import ManifestError, TenancyError, UnknownRequestError
 from kvpolicy.tenancy._experiments import replay_experiment
-from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
+from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate, admission_decision
 from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy, RedisLeaseGate
 from kvpolicy.tenancy._manifest import (
     dump_manifest,
@@ -78,6 +78,7 @@ __all__ = [
     "TokenPoolGate",
     "UnknownRequestError",
     "__version__",
+    "admission_decision",
     "burst_intensity",
     "crd_documents",
     "custom_resources",
