@@ -64,7 +64,7 @@ def _pool(tenants: int = 1, conc: int = CONCURRENCY) -> TokenPool:
         TokenEntitlement(f"t{i}", "elastic", Resources(1e9, 10**15, conc), max_output_tokens=16)
         for i in range(tenants)
     ]
-    return TokenPool("bench", Resources(1e10, 10**16, 10**6), ents)
+    return TokenPool("bench", Resources(1e10, 2**53, 10**6), ents)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -135,7 +135,7 @@ def bench_redis_contended(url: str, n: int) -> dict[str, float]:
         TokenEntitlement(f"t{i}", "elastic", Resources(1e9, 10**15, 8), max_output_tokens=16)
         for i in range(200)
     ]
-    pool = TokenPool("contended", Resources(1e10, 10**16, 64), ents)
+    pool = TokenPool("contended", Resources(1e10, 2**53, 64), ents)
     config = GateConfig(update_interval_s=0.1, contention_level=0.75)
     gate = RedisLeaseGate.from_url(pool, 1, url, namespace="bench-contended", config=config)
     held: deque[Request] = deque()
@@ -213,7 +213,7 @@ import sys, uvicorn
 from kvpolicy.tenancy import RedisLeaseGate, Resources, TokenEntitlement, TokenPool, TokenPoolGate
 from kvpolicy.tenancy.gateway import Admission, LocalGate, create_app
 ent = TokenEntitlement("a", "elastic", Resources(1e9, 10**15, 10**5), max_output_tokens=16)
-pool = TokenPool("bench", Resources(1e10, 10**16, 10**6), [ent])
+pool = TokenPool("bench", Resources(1e10, 2**53, 10**6), [ent])
 if len(sys.argv) > 3:
     gate = RedisLeaseGate.from_url(pool, 1, sys.argv[3], namespace="bench-gateway")
 else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import socket
 import subprocess
@@ -76,7 +77,7 @@ def test_serve_answers_over_loopback() -> None:
     cmd += ["--config", str(TENANCY / "examples" / "pool.yaml")]
     cmd += ["--api-keys", str(TENANCY / "examples" / "api-keys.yaml")]
     cmd += ["--backend", f"http://127.0.0.1:{dead}", "--port", str(port)]
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, env={**os.environ, "KVPOLICY_ADMIN_KEY": "admin"})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -96,7 +97,10 @@ def test_serve_answers_over_loopback() -> None:
         r = httpx.post(url + "/v1/completions", json=body, headers=auth)
         assert r.status_code == 502
         assert r.json()["error"]["code"] == "backend-error"
-        assert 'kvpolicy_in_flight{entitlement="spot-b"} 0.0' in httpx.get(url + "/metrics").text
+        assert httpx.get(url + "/metrics").status_code == 403  # the admin key only
+        admin = {"authorization": "Bearer admin"}
+        metrics = httpx.get(url + "/metrics", headers=admin).text
+        assert 'kvpolicy_in_flight{entitlement="spot-b"} 0.0' in metrics
     finally:
         proc.terminate()
         proc.wait(10)

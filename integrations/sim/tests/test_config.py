@@ -84,6 +84,20 @@ class TestLoadStack:
         with pytest.raises(ConfigError, match=r"bad\.yaml: unknown key admission\.nmae"):
             load_stack(p)
 
+    def test_an_alias_bomb_is_refused_at_once(self, tmp_path: pathlib.Path) -> None:
+        """A billion-laughs stack file is one short error (no expansion, no rendering);
+        a duplicate key is named with its line."""
+        lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+        lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+        p = tmp_path / "bomb.yaml"
+        p.write_text("\n".join(lines) + "\nengine: *a8\n")
+        with pytest.raises(ConfigError, match="YAML aliases are not allowed") as info:
+            load_stack(p)
+        assert len(str(info.value)) < 400
+        p.write_text("engine:\n  token_budget: 512\n  token_budget: 1024\n")
+        with pytest.raises(ConfigError, match=r"duplicate key 'token_budget'.*line 3"):
+            load_stack(p)
+
     def test_presets_and_files(self, tmp_path: pathlib.Path) -> None:
         """get_stack takes a preset name or a path, and lists presets otherwise."""
         assert get_stack("vllm") is STACK_PRESETS["vllm"]

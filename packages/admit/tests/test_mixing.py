@@ -62,3 +62,10 @@ class TestPlanRouting:
             plan_routing(_classes((4, 7), 40), 2, home=(0,))
         with pytest.raises(ValueError, match="shares must sum to 1"):
             plan_routing([RequestClass(4, 4, 0.3)], 1)
+
+
+def test_plan_routing_bounds_its_work() -> None:
+    """1,000 GPUs would search for minutes: refused with the bound named."""
+    classes = [RequestClass(50, 2, 0.5), RequestClass(50, 3, 0.5)]
+    with pytest.raises(ValueError, match=r"'gpus' must be in \[1, 128\]: 1000"):
+        plan_routing(classes, 1000)

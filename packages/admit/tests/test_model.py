@@ -263,3 +263,10 @@ class TestInvariants:
         r = simulate_model(w, steps=120, arrivals=PoissonArrivals(rate), mode=mode)  # type: ignore[arg-type]
         assert float(r.memory.max()) <= memory * (1 + 1e-9)
         assert float(r.memory.min()) >= -1e-9
+
+
+def test_simulate_model_refuses_unbounded_runs() -> None:
+    """10^7 steps is refused with the bound named, before anything runs."""
+    workload = StabilityWorkload.homogeneous(20, 20, 1000)
+    with pytest.raises(ValueError, match=r"'steps' must be in \[1, 1000000\]: 10000000"):
+        simulate_model(workload, steps=10**7)

@@ -167,3 +167,10 @@ class TestAnalyzeStability:
     def test_decode_gcd(self) -> None:
         """gcd of (100, 125, 200, 250) is 25 (Table 7)."""
         assert decode_gcd((100, 125, 200, 250)) == 25
+
+
+class TestBounds:
+    def test_long_decodes_are_refused_before_the_roots(self) -> None:
+        """Decode lengths of 10^4 would take hours of root finding: a clear error instead."""
+        with pytest.raises(ValueError, match=r"'decode_lens' must be at most 2048 .*: 10000"):
+            analyze_stability(StabilityWorkload((50, 50), (2, 10_000), 20_000, (0.5, 0.5)))

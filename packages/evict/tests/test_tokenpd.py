@@ -53,6 +53,8 @@ class TestConfig:
             ({"horizon": 0}, "'horizon' must be > 0"),
             ({"initial_price": -1.0}, "'initial_price' must be > 0.0"),
             ({"recent_window": -2}, "'recent_window' must be >= 0"),
+            ({"pool": 10**8}, "'pool' must be <= 65536: 100000000"),
+            ({"recent_window": 10**30}, "'recent_window' must be <= 2147483647"),
         ],
     )
     def test_bad_values(self, kwargs: dict[str, float], match: str) -> None:

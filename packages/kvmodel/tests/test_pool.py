@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kvpolicy.kvmodel import BlockPool, BlockPoolError, chain_block_hashes, rechunk_hashes
@@ -275,3 +277,22 @@ class TestHashGranularity:
             pool.allocate("r", 64, (1, 2, 3, 4), hash_block_size=16)
         assert pool.num_free_blocks == 8
         assert pool.allocate("r", 64, (2, 4), hash_block_size=32) is not None
+
+
+class TestBounds:
+    @pytest.mark.parametrize(
+        ("kwargs", "message"),
+        [
+            (
+                {"num_blocks": 8, "block_size": 10**30},
+                "'block_size' must be > 0 and <= 1048576: <huge int>",
+            ),
+            ({"num_blocks": 2**40}, "'num_blocks' must be > 0 and <= 67108864: 1099511627776"),
+            ({"num_blocks": 0}, "'num_blocks' must be > 0 and <= 67108864: 0"),
+        ],
+    )
+    def test_absurd_sizes_are_refused(self, kwargs: dict[str, int], message: str) -> None:
+        """A block size or block count that would overflow or exhaust memory is an error,
+        raised before anything is allocated."""
+        with pytest.raises(ValueError, match=re.escape(message)):
+            BlockPool(**kwargs)

@@ -27,10 +27,10 @@ class TestResources:
     def test_bad_values(self) -> None:
         """Zero, negative, bool and non-finite values name the field."""
         with pytest.raises(
-            ValueError, match=re.escape("'tokens_per_s' must be finite and > 0: 0.0")
+            ValueError, match=re.escape("'tokens_per_s' must be finite, > 0 and <= 1e+12: 0.0")
         ):
             Resources(0, 1, 1)
-        with pytest.raises(ValueError, match="'concurrency' must be > 0: -2"):
+        with pytest.raises(ValueError, match="'concurrency' must be > 0 and <= 10000000: -2"):
             Resources(1, 1, -2)
         with pytest.raises(TypeError, match=re.escape("'kv_bytes' must be int: 1.5")):
             Resources(1, 1.5, 1)  # type: ignore[arg-type]
@@ -67,7 +67,7 @@ class TestTokenEntitlement:
         with pytest.raises(ValueError, match="'tenant'"):
             _ent("", "spot", 1)
         with pytest.raises(
-            ValueError, match=re.escape("'slo_target_s' must be finite and > 0: 0.0")
+            ValueError, match=re.escape("'slo_target_s' must be finite, > 0 and <= 3.1536e+07: 0.0")
         ):
             TokenEntitlement("a", "spot", Resources(1, 1, 1), slo_target_s=0)
 

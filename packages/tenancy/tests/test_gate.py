@@ -6,17 +6,20 @@ import math
 import re
 from collections.abc import Callable
 
+import attrs
 import pytest
 
 from kvpolicy.kvmodel import GateDecision, Request, RequestGate, get_model
 from kvpolicy.tenancy import (
     EntitlementState,
     GateConfig,
+    PoolState,
     Resources,
     TokenEntitlement,
     TokenPool,
     TokenPoolGate,
     UnknownRequestError,
+    admission_decision,
     priority_weight,
 )
 
@@ -479,3 +482,37 @@ class TestReleaseTokens:
         assert (gate.usage("s"), gate.pool_state()) == before
         gate.release(req, 1.0)
         assert gate.pool_state().in_flight == 0
+
+
+class TestConfigBounds:
+    @pytest.mark.parametrize("name", ["window_s", "update_interval_s", "max_retry_s"])
+    def test_absurd_windows_are_refused(self, name: str) -> None:
+        """A window of 10^30 s would fund years of traffic at once: refused, named."""
+        with pytest.raises(ValueError, match=f"'{name}' must be finite, > 0 and <= 86400: 1e"):
+            GateConfig(**{name: 1e30})
+
+
+class TestAdmissionDecision:
+    """The spec as a pure function: same inputs, same outputs, inputs untouched."""
+
+    def test_pure_over_value_objects(self, small_pool: TokenPool) -> None:
+        ent = small_pool.entitlement("g")
+        assert ent is not None
+        s = EntitlementState(bucket=3600.0, bucket_time=0.0)
+        ps = PoolState(small_pool.capacity, bucket=14_400.0, bucket_time=0.0)
+        args = (ent, s, ps, GateConfig(), small_pool.reserved, 80, 80, 0.0, lambda: True)
+        first = admission_decision(*args)
+        assert first == admission_decision(*args)
+        decision, new_s, new_ps = first
+        assert decision.admitted
+        assert new_s is not None
+        assert new_ps is not None
+        assert (new_s.in_flight, new_s.tokens, new_s.bucket) == (1, 80, 3520.0)
+        assert (new_ps.in_flight, new_ps.reserved_used_slots) == (1, 1)
+        assert (s.in_flight, ps.in_flight) == (0, 0)  # the inputs are values, untouched
+        full = attrs.evolve(s, in_flight=4)
+        assert admission_decision(ent, full, *args[2:]) == (
+            GateDecision(False, 60.0, "concurrency"),
+            None,
+            None,
+        )

@@ -28,7 +28,9 @@ from starlette.routing import Route  # noqa: E402
 from kvpolicy.kvmodel import Request  # noqa: E402
 from kvpolicy.tenancy import (  # noqa: E402
     RedisLeaseGate,
+    RefreshConfig,
     Resources,
+    ThroughputRefresh,
     TokenEntitlement,
     TokenPool,
     TokenPoolGate,
@@ -36,12 +38,17 @@ from kvpolicy.tenancy import (  # noqa: E402
 from kvpolicy.tenancy.gateway import (  # noqa: E402
     Admission,
     LocalGate,
+    Reply,
     Ticket,
     TokenPoolMiddleware,
+    create_admin_app,
     create_app,
+    estimate_prompt_tokens,
 )
 
 KEYS = {"key-a": "a", "key-s": "s", "key-x": "unbound"}
+ADMIN_KEY = "admin-key"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def _upstream() -> Starlette:
@@ -135,7 +142,7 @@ def upstream() -> Iterator[str]:
 @pytest.fixture
 def gateway(upstream: str) -> Iterator[tuple[str, Admission]]:
     adm = Admission(LocalGate(TokenPoolGate(_pool(), 1)), KEYS, models=("m", "slow", "broken"))
-    with _Server(create_app(adm, upstream, timeout_s=0.5)) as url:
+    with _Server(create_app(adm, upstream, timeout_s=0.5, admin_key=ADMIN_KEY)) as url:
         yield url, adm
 
 
@@ -162,7 +169,7 @@ class TestGateway:
         assert text.choices[0].text == "xxx"
         assert [m.id for m in client.models.list()] == ["m", "slow", "broken"]
         _drained(adm)
-        metrics = httpx.get(url + "/metrics").text
+        metrics = httpx.get(url + "/metrics", headers=ADMIN).text
         assert 'kvpolicy_admitted_total{entitlement="a"} 2.0' in metrics
         assert httpx.get(url + "/healthz").json()["status"] == "ok"
 
@@ -174,7 +181,9 @@ class TestGateway:
         parts = [c.choices[0].delta.content for c in stream]
         assert "".join(p or "" for p in parts) == "x" * 6
         _drained(adm)
-        assert 'kvpolicy_tokens_total{entitlement="a"} 7.0' in httpx.get(url + "/metrics").text
+        metrics = httpx.get(url + "/metrics", headers=ADMIN).text
+        # 8 prompt tokens (3 priming the reply, 4 for the message, 1 of text) and 6 events
+        assert 'kvpolicy_tokens_total{entitlement="a"} 14.0' in metrics
 
     def test_bad_input(self, gateway: tuple[str, Admission]) -> None:
         url, adm = gateway
@@ -195,7 +204,7 @@ class TestGateway:
         assert big.status_code == 413
         body = {"model": "m", "messages": msgs}
         assert httpx.post(url + "/v1/chat/completions", json=body).status_code == 401  # no key
-        for bad_max in (-1, 0, 1.5, "8", None, True):
+        for bad_max in (-1, 0, 1.5, "8", True):  # null is absent: the default bound
             sent = httpx.post(
                 url + "/v1/chat/completions", json={**body, "max_tokens": bad_max}, headers=auth
             )
@@ -226,7 +235,7 @@ class TestGateway:
         for s in streams:
             s.close()
         _drained(adm)
-        assert 'reason="concurrency"' in httpx.get(url + "/metrics").text
+        assert 'reason="concurrency"' in httpx.get(url + "/metrics", headers=ADMIN).text
 
     def test_disconnect_backend_error_and_timeout_release(
         self, gateway: tuple[str, Admission]
@@ -323,3 +332,221 @@ class TestObserve:
             body, json.dumps({"choices": [{"text": "abc"}], "usage": usage["usage"]}).encode()
         )
         assert body.output_tokens == 2
+
+
+def _chat(**extra: Any) -> bytes:
+    return json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    ).encode()
+
+
+def _budget_pool() -> TokenPool:
+    """``b``: 300 tokens/s, a 60 s bucket of 18,000 tokens, 10 slots."""
+    ent = TokenEntitlement("b", "elastic", Resources(300, 10**9, 10), max_output_tokens=64)
+    return TokenPool("budget", Resources(10_000, 10**10, 16), [ent])
+
+
+class TestCharging:
+    """What is booked is what the backend will honour, on both gates alike."""
+
+    @pytest.mark.parametrize("kind", ["local", "redis"])
+    def test_max_tokens_is_charged_on_both_paths(self, kind: str, request: Any) -> None:
+        """Ten requests of ``max_tokens`` 4,000 against an 18,000-token bucket: 4 admitted
+        (8 prompt tokens + 4,000 each), in process and over Redis alike."""
+        if kind == "local":
+            gate: Any = LocalGate(TokenPoolGate(_budget_pool(), 1))
+        else:
+            url = request.getfixturevalue("redis_proc").url
+            gate = RedisLeaseGate.from_url(_budget_pool(), 1, url, namespace="budget")
+
+        async def run() -> list[bool]:
+            adm = Admission(gate, {"k": "b"})
+            got = [await adm.admit("Bearer k", _chat(max_tokens=4000)) for _ in range(10)]
+            await adm.aclose()
+            return [isinstance(t, Ticket) for t in got]
+
+        assert asyncio.run(run()) == [True] * 4 + [False] * 6
+        assert gate.usage("b")["tokens"] == 4 * 4008
+
+    @pytest.mark.parametrize(
+        ("extra", "charged", "sent"),
+        [
+            ({"max_tokens": 1, "max_completion_tokens": 500}, 1, (1, 1)),
+            ({"max_completion_tokens": 500, "max_tokens": 700}, 500, (500, 500)),
+            ({}, 64, (64, 64)),
+            ({"max_tokens": None}, 64, (64, 64)),
+            ({"max_tokens": 9}, 9, (9, None)),
+            ({"max_completion_tokens": 9, "n": 3}, 27, (None, 9)),
+        ],
+    )
+    def test_the_effective_output_bound(
+        self, extra: dict[str, Any], charged: int, sent: tuple[int | None, int | None]
+    ) -> None:
+        """The smaller of ``max_tokens`` and ``max_completion_tokens`` (the entitlement's
+        default when both are absent), times ``n``, is charged; the body sent on pins the
+        backend to it when the client's does not."""
+        gate = LocalGate(TokenPoolGate(_budget_pool(), 1))
+        ticket = asyncio.run(Admission(gate, {"k": "b"}).admit("Bearer k", _chat(**extra)))
+        assert isinstance(ticket, Ticket)
+        assert (ticket.max_tokens, ticket.request.prompt_len) == (charged, 8)
+        doc = json.loads(ticket.body)
+        assert (doc.get("max_tokens"), doc.get("max_completion_tokens")) == sent
+        assert gate.usage("b")["tokens"] == 8 + charged
+
+    def test_prompt_estimate_counts_the_template(self) -> None:
+        """2,000 empty messages are 8,003 tokens (4 each and 3 priming the reply), above
+        the 8,000 a backend counting 4 per message books; a completion prompt of token
+        ids counts one per id."""
+        doc = {"messages": [{"role": "user", "content": ""}] * 2000}
+        assert estimate_prompt_tokens(doc, chat=True) == 8003
+        named = {"messages": [{"role": "user", "name": "abcdefgh", "content": "x" * 9}]}
+        assert estimate_prompt_tokens(named, chat=True) == 3 + 4 + 2 + 3
+        assert estimate_prompt_tokens({"prompt": [[1, 2, 3], "abcde"]}, chat=False) == 5
+
+    @pytest.mark.parametrize(
+        ("usage", "booked"),
+        [
+            ({"prompt_tokens": 8, "completion_tokens": -50}, 8 + 64),  # not a count: all
+            ({"prompt_tokens": 8, "completion_tokens": 10**30}, 8 + 64),  # absurd: all
+            ({"prompt_tokens": 8, "completion_tokens": "7"}, 8 + 64),
+            ({"prompt_tokens": -3, "completion_tokens": 7}, 8 + 7),  # bad prompt count: ours
+            ({"prompt_tokens": 5, "completion_tokens": 7}, 5 + 7),
+            ({"prompt_tokens": 8, "completion_tokens": 900}, 8 + 64),  # clamped to the charge
+            (None, 8 + 64),  # no usage: the whole charge stays
+        ],
+    )
+    def test_backend_usage_is_checked_then_booked(
+        self, usage: dict[str, Any] | None, booked: int, caplog: Any
+    ) -> None:
+        """A negative, absurd or missing ``usage`` is logged and never trusted: the release
+        books the charge (never a 500, never a lease left held)."""
+        gate = LocalGate(TokenPoolGate(_budget_pool(), 1))
+
+        async def run() -> int:
+            adm = Admission(gate, {"k": "b"})
+            ticket = await adm.admit("Bearer k", _chat())
+            assert isinstance(ticket, Ticket)
+            answer: dict[str, Any] = {"choices": [{"message": {"content": "x"}}]}
+            if usage is not None:
+                answer["usage"] = usage
+            adm.observe(ticket, json.dumps(answer).encode())
+            out = await adm.afinish(ticket)
+            assert out is not None
+            return out.charged_tokens
+
+        assert asyncio.run(run()) == booked
+        assert gate.usage("b") == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
+        assert gate.held() == 0
+
+
+class TestHostileInput:
+    """Input that crashed the gateway is a clear 4xx; tenants never see each other."""
+
+    @pytest.mark.parametrize(
+        ("body", "code"),
+        [
+            (b'{"model": "m", "messages": null}', "invalid-body"),
+            (b'{"model": "m", "messages": 7}', "invalid-body"),
+            (b'{"model": "m", "messages": [3]}', "invalid-body"),
+            (b'{"model": "m", "messages": [{"content": "x"}]}', "invalid-body"),
+            (b'{"model": "m", "messages": [{"role": "user", "content": 5}]}', "invalid-body"),
+            (b'{"model": "m", "messages": [], "stream": "yes"}', "invalid-body"),
+            (b'{"model": "m", "messages": ' + b"[" * 1000 + b"]" * 1000 + b"}", "too-deep"),
+            (b"[" * 100_000 + b"]" * 100_000, "too-deep"),
+            (b'{"model": "m", "prompt": {"a": 1}}', "invalid-body"),
+        ],
+    )
+    def test_malformed_bodies_are_400(
+        self, gateway: tuple[str, Admission], body: bytes, code: str
+    ) -> None:
+        url, adm = gateway
+        path = "/v1/completions" if b"prompt" in body else "/v1/chat/completions"
+        auth = {"authorization": "Bearer key-a", "content-type": "application/json"}
+        sent = httpx.post(url + path, content=body, headers=auth)
+        assert (sent.status_code, sent.json()["error"]["code"]) == (400, code)
+        assert len(sent.content) < 400  # the error never echoes a huge value
+        assert adm.gate.usage("a")["in_flight"] == 0
+
+    def test_a_websocket_upgrade_is_refused(self, gateway: tuple[str, Admission]) -> None:
+        """A websocket handshake gets a 4xx (403 where the server speaks websockets, else
+        the plain request is refused), never a 500."""
+        url, _ = gateway
+        host, port = url[len("http://") :].split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            conn.sendall(
+                b"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                b"Sec-WebSocket-Version: 13\r\n\r\n"
+            )
+            status = conn.recv(64).split(b" ")[1]
+        assert status in (b"403", b"405")
+
+    def test_admin_pages_need_the_admin_key(self, gateway: tuple[str, Admission]) -> None:
+        """``/metrics`` answers 403 to a tenant's key and to none; ``/healthz`` says only
+        ``ok`` without the admin key; a 429 names no other tenant."""
+        url, _ = gateway
+        _client(url, "key-s").completions.create(model="m", prompt="hello", max_tokens=3)
+        for headers in ({}, {"Authorization": "Bearer key-a"}):
+            denied = httpx.get(url + "/metrics", headers=headers)
+            assert denied.status_code == 403
+            assert b'"s"' not in denied.content
+            assert httpx.get(url + "/healthz", headers=headers).json() == {"status": "ok"}
+        assert httpx.get(url + "/healthz", headers=ADMIN).json() == {"status": "ok", "held": 0}
+        assert 'entitlement="s"' in httpx.get(url + "/metrics", headers=ADMIN).text
+
+    def test_admin_app_serves_the_pages_without_a_key(self) -> None:
+        adm = Admission(LocalGate(TokenPoolGate(_pool(), 1)), KEYS)
+        with _Server(create_admin_app(adm)) as url:
+            assert httpx.get(url + "/healthz").json() == {"status": "ok", "held": 0}
+            assert "kvpolicy_admitted" in httpx.get(url + "/metrics").text
+            assert httpx.get(url + "/v1/models").status_code == 404
+
+    def test_a_vanished_client_frees_its_slot_at_once(self, gateway: tuple[str, Admission]) -> None:
+        """A non-streaming client that gives up after 0.3 s on a 3 s answer: the upstream
+        request is broken off and the slot is free long before the answer would be."""
+        url, adm = gateway
+        auth = {"authorization": "Bearer key-a", "content-type": "application/json"}
+        started = time.monotonic()
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(
+                url + "/v1/chat/completions",
+                content=json.dumps(
+                    {"model": "slow", "messages": [{"role": "user", "content": "x"}]}
+                ),
+                headers=auth,
+                timeout=0.3,
+            )
+        while adm.gate.usage("a")["in_flight"] and time.monotonic() - started < 5:
+            time.sleep(0.01)
+        assert adm.gate.usage("a")["in_flight"] == 0
+        assert time.monotonic() - started < 2.0
+
+
+class TestRefresh:
+    def test_token_denials_with_room_raise_the_estimate(self) -> None:
+        """Over an in-process gate the gateway feeds ThroughputRefresh: completions on time,
+        429s for tokens and a pool with room make the window's end raise every token rate
+        by the probe factor (1.5)."""
+        local = LocalGate(TokenPoolGate(_budget_pool(), 1))
+        config = RefreshConfig(window_s=0.01, min_completions=1, ttft_s=10.0, tpot_s=10.0)
+        adm = Admission(local, {"k": "b"}, refresh=ThroughputRefresh(local, config))
+
+        async def run() -> list[Any]:
+            got = [await adm.admit("Bearer k", _chat(max_tokens=4000)) for _ in range(5)]
+            for ticket in got[:4]:
+                assert isinstance(ticket, Ticket)
+                ticket.first = ticket.started + 0.001
+                adm.observe(ticket, b'{"usage": {"prompt_tokens": 8, "completion_tokens": 9}}')
+                await adm.afinish(ticket)
+            return got
+
+        got = asyncio.run(run())
+        assert isinstance(got[4], Reply)
+        assert json.loads(got[4].body)["error"]["code"] == "tokens"
+        assert local.tokens_per_s == 10_000
+        time.sleep(0.02)
+        adm.tick(busy=False)
+        assert local.tokens_per_s == pytest.approx(15_000)
+        ent = local.entitlement("b")
+        assert ent is not None
+        assert ent.limits.tokens_per_s == pytest.approx(450)

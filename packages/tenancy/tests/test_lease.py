@@ -10,6 +10,7 @@ import pathlib
 import random
 import re
 import signal
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -247,23 +248,55 @@ class TestFaults:
         assert gate.usage("g") == gate.usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
 
     def test_outage_per_service_class_then_reconciled(self, redis_proc: Any) -> None:
-        """Redis away: guaranteed ``g`` keeps half its baseline (4 of 8) locally, spot fails
-        closed; when Redis returns, running leases are adopted and tokens charged once."""
-        gate = _gate(redis_proc.url, outage=OutagePolicy(timeout_s=0.2))
+        """Redis away: guaranteed ``g`` holds up to half its baseline (4 of 8, the lease
+        held before the outage included) on this replica, spot fails closed; when Redis
+        returns, the recovery window opens, running leases are adopted and tokens charged
+        once."""
+        gate = _gate(redis_proc.url, outage=OutagePolicy(timeout_s=0.2), recovery_s=30.0)
         assert gate.check(_req("before")).admitted
         redis_proc.stop()
         spot = gate.check(_req("s0", tenant="s"))
         assert (spot.admitted, spot.reason) == (False, "state-unavailable")
-        assert all(gate.check(_req(i)).admitted for i in range(4))
-        assert gate.check(_req(4)).reason == "state-unavailable"
+        assert all(gate.check(_req(i)).admitted for i in range(3))
+        assert gate.check(_req(3)).reason == "state-unavailable"
         assert gate.release(_req(0), 20).released  # local: charged when Redis returns
         assert gate.release(_req("before"), 30).released  # replayed when Redis returns
         redis_proc.start()
-        gate.renew()
-        assert gate.usage("g")["in_flight"] == 3
-        for i in (1, 2, 3):
+        assert gate.renew() == (2, 0, 0)  # the two local leases were adopted before it
+        assert gate.usage("g")["in_flight"] == 2
+        late = gate.check(_req(9))  # nobody is admitted until every replica reconciled
+        assert (late.admitted, late.reason) == (False, "state-unavailable")
+        assert 29.0 < late.retry_after <= 30.0
+        for i in (1, 2):
             assert gate.release(_req(i)).released
         assert gate.usage("g") == gate.usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
+
+    def test_reconciliation_runs_once_under_concurrent_callers(self, redis_proc: Any) -> None:
+        """Eight threads check, release and renew at once as Redis comes back: every local
+        lease is adopted once and every token charged once (the counters end at exactly 0),
+        and the next outage again allows exactly the allowance."""
+        gate = _gate(redis_proc.url, outage=OutagePolicy(timeout_s=0.2), recovery_s=0.0)
+        redis_proc.stop()
+        assert [gate.check(_req(i)).admitted for i in range(5)] == [True] * 4 + [False]
+        redis_proc.start()
+        barrier = threading.Barrier(8)
+
+        def work(k: int) -> None:
+            barrier.wait()
+            if k < 4:
+                gate.release(_req(k), 17)
+            else:
+                gate.renew()
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        gate.renew()
+        assert gate.usage("g") == gate.usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
+        redis_proc.stop()
+        assert [gate.check(_req(f"n{i}")).admitted for i in range(5)] == [True] * 4 + [False]
 
 
 class TestPriority:

@@ -91,10 +91,81 @@ class TestLoadManifest:
         ):
             load_manifest(bad)
         bad = json.loads(json.dumps(MANIFEST))
-        bad["entitlements"][0]["baseline"]["concurrency"] = 17
+        bad["entitlements"].append(
+            {**json.loads(json.dumps(bad["entitlements"][0])), "tenant": "t"}
+        )
+        bad["entitlements"][2]["baseline"]["concurrency"] = 13
         with pytest.raises(ManifestError, match="pool: reserved baselines need concurrency=17"):
             load_manifest(bad)
         assert issubclass(ManifestError, ValueError)
+
+    @pytest.mark.parametrize(
+        ("path", "value", "message"),
+        [
+            (
+                ("entitlements", 0, "baseline", "concurrency"),
+                100,
+                "'entitlements[0].baseline.concurrency' (100) exceeds the pool's capacity (16)",
+            ),
+            (
+                ("entitlements", 1, "burst", "concurrency"),
+                100,
+                "'entitlements[1].burst.concurrency' (100) exceeds the pool's capacity (16)",
+            ),
+            (
+                ("pool", "capacity", "concurrency"),
+                10**30,
+                "pool.capacity: 'concurrency' must be > 0 and <= 10000000: <huge int>",
+            ),
+            (
+                ("pool", "capacity", "tokens_per_s"),
+                float("inf"),
+                "pool.capacity: 'tokens_per_s' must be finite, > 0 and <= 1e+12: inf",
+            ),
+            (("pool", "capacity", "kv_cache_gib"), float("nan"), "pool.capacity.kv_cache_gib"),
+            (
+                ("entitlements", 0, "tenant"),
+                "a\x00b",
+                "entitlements[0]: 'tenant' must not contain control characters: 'a\\x00b'",
+            ),
+            (
+                ("entitlements", 0, "tenant"),
+                "x" * 10**6,
+                "entitlements[0]: 'tenant' must have 1 to 253 characters: 'xxxx",
+            ),
+            (("pool", "name"), "p\nq", "pool: 'name' must not contain control characters"),
+        ],
+    )
+    def test_absurd_values_name_their_field(
+        self, path: tuple[Any, ...], value: Any, message: str
+    ) -> None:
+        """A baseline or burst beyond the pool, a non-finite or absurd count and control
+        characters in a name are errors naming the field, never rendering a huge value."""
+        bad = json.loads(json.dumps(MANIFEST))
+        node = bad
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        with pytest.raises(ManifestError) as info:
+            load_manifest(bad)
+        assert message in str(info.value)
+        assert len(str(info.value)) < 400
+
+    def test_yaml_aliases_and_duplicate_keys_are_refused(self, tmp_path: pathlib.Path) -> None:
+        """A billion-laughs alias bomb is refused before it is expanded, a duplicate key
+        is named with its line, and neither error renders the document."""
+        pytest.importorskip("yaml")
+        lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+        lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+        bomb = tmp_path / "bomb.yaml"
+        bomb.write_text("\n".join(lines) + "\npool: *a8\n")
+        with pytest.raises(ManifestError, match="YAML aliases are not allowed") as info:
+            load_manifest(bomb)
+        assert len(str(info.value)) < 400
+        twice = tmp_path / "twice.yaml"
+        twice.write_text("pool:\n  name: p\n  name: q\n")
+        with pytest.raises(ManifestError, match=r"duplicate key 'name'.*line 3"):
+            load_manifest(twice)
 
     def test_bad_file(self, tmp_path: pathlib.Path) -> None:
         """A missing file, bad JSON or an unknown suffix is a ManifestError."""
@@ -157,7 +228,7 @@ class TestLoadGate:
         """A ``max_output_tokens`` no token bucket can hold, or a NaN ``kv_cache_gib``, is a
         ManifestError naming the field."""
         doc = json.loads(json.dumps(MANIFEST))
-        doc["entitlements"][0]["max_output_tokens"] = 10**9
+        doc["entitlements"][0]["max_output_tokens"] = 10**7
         with pytest.raises(ManifestError, match=r"entitlements\[0\]\.max_output_tokens"):
             load_manifest(doc)
         doc = json.loads(json.dumps(MANIFEST))

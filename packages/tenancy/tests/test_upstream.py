@@ -179,6 +179,80 @@ def test_a_stale_kept_alive_connection_is_retried_once() -> None:
     assert served == 3
 
 
+@pytest.mark.parametrize(("method", "sent"), [("POST", 2), ("GET", 3)])
+def test_a_request_the_backend_may_have_read_is_never_sent_twice(method: str, sent: int) -> None:
+    """The backend answers the first request of a kept-alive connection, then reads the
+    second and closes without answering: a POST fails (the backend may have run it: it
+    got it once), a GET is repeated on a fresh connection."""
+    got = 0
+
+    async def flaky(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal got
+        await _read_request(reader)
+        got += 1
+        if got == 1:
+            writer.write(_answer(b"{}"))
+            await writer.drain()
+            await _read_request(reader)
+            got += 1
+            await _close(writer)
+            return
+        writer.write(_answer(b"{}"))
+        await writer.drain()
+        await _close(writer)
+
+    async def main() -> str:
+        server, url = await _serve(flaky)
+        client = Upstream(url)
+        reply = await client.request(method, "/v1/completions", b"{}")
+        await reply.read()
+        reply.release()
+        try:
+            reply = await client.request(method, "/v1/completions", b"{}")
+            await reply.read()
+            reply.release()
+            outcome = "ok"
+        except UpstreamError as err:
+            outcome = str(err)
+        client.close()
+        server.close()
+        await server.wait_closed()
+        return outcome
+
+    outcome = asyncio.run(main())
+    assert got == sent
+    assert (outcome == "ok") == (method == "GET")
+
+
+def test_an_idle_connection_past_its_age_is_not_reused() -> None:
+    """A connection idle longer than ``idle_timeout_s`` is closed, not written to."""
+    conns = 0
+
+    async def count(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal conns
+        conns += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                await _read_request(reader)
+                writer.write(_answer(b"{}"))
+                await writer.drain()
+
+    async def main() -> None:
+        server, url = await _serve(count)
+        client = Upstream(url, idle_timeout_s=0.05)
+        for pause in (0.0, 0.1):
+            await asyncio.sleep(pause)
+            reply = await client.request("POST", "/v1/completions", b"{}")
+            assert await reply.read() == b"{}"
+            reply.release()
+        client.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())
+    assert conns == 2
+
+
 @pytest.mark.parametrize(
     ("answer", "error", "match"),
     [

@@ -30,7 +30,6 @@ from kvpolicy.sim._engine import Engine, RunRecord
 from kvpolicy.sim._errors import ConfigError, SimError
 from kvpolicy.sim._metrics import Summary, TenantSummary, summarize
 from kvpolicy.sim._presets import STACK_PRESETS, get_stack
-from kvpolicy.sim._refresh import RefreshConfig, ThroughputRefresh, refresh_factor
 from kvpolicy.sim._report import (
     comparison_table,
     plot_latency_cdf,
@@ -57,6 +56,7 @@ from kvpolicy.sim._sweep import (
     unchanged_parameters,
 )
 from kvpolicy.sim._timing import TimingModel, fit_error, fit_timing, read_timing_csv
+from kvpolicy.tenancy import RefreshConfig, ThroughputRefresh, refresh_factor
 
 __all__ = [
     "EXECUTORS",

@@ -356,13 +356,13 @@ def load_stack(path: str | pathlib.Path) -> StackConfig:
         ConfigError: the file is not valid YAML, or has an unknown key or a bad value.
         FileNotFoundError: no such file.
     """
-    import yaml
+    from kvpolicy.tenancy import ManifestError, load_yaml
 
     p = pathlib.Path(path)
     text = p.read_text(encoding="utf-8")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+    try:  # the safe loader refuses aliases (a bomb) and duplicate keys
+        data = load_yaml(text, str(p))
+    except ManifestError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
     if data is None:
         data = {}

@@ -43,12 +43,12 @@ from kvpolicy.sim._config import (
 from kvpolicy.sim._errors import ConfigError, SimError
 from kvpolicy.sim._frontdoor import FrontDoor
 from kvpolicy.sim._recorder import Recorder, RunRecord
-from kvpolicy.sim._refresh import RefreshConfig
 from kvpolicy.sim._residency import Evicting, KeepAll, Residency
 from kvpolicy.sim._seq import Seq
 from kvpolicy.sim._stack import Stack
 from kvpolicy.sim._step import Step
 from kvpolicy.sim._timing import TimingModel
+from kvpolicy.tenancy import RefreshConfig
 
 __all__ = ["Engine", "RunRecord", "pool_capacity_tokens"]
 

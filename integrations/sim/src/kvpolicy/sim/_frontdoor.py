@@ -12,7 +12,7 @@ from kvpolicy.kvmodel import Request, RequestGate, ThroughputScalable
 from kvpolicy.sim._config import GatewayConfig
 from kvpolicy.sim._errors import ConfigError
 from kvpolicy.sim._recorder import Recorder
-from kvpolicy.sim._refresh import RefreshConfig, ThroughputRefresh
+from kvpolicy.tenancy import RefreshConfig, ThroughputRefresh
 
 __all__ = ["FrontDoor"]
 

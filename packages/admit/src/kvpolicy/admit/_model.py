@@ -251,6 +251,11 @@ class _Engine:
         self.used += float(np.dot(masses, self.l0 + 1.0))
 
 
+MAX_MODEL_STEPS = 10**6
+"""The most iterations :func:`simulate_model` runs in one call (its series hold a value per
+iteration and stage: 10^7 steps would take minutes and gigabytes)."""
+
+
 def simulate_model(
     workload: StabilityWorkload,
     *,
@@ -285,8 +290,8 @@ def simulate_model(
         raise TypeError(f"'workload' must be a StabilityWorkload: {workload!r}")
     if isinstance(steps, bool) or not isinstance(steps, int):
         raise TypeError(f"'steps' must be an int: {steps!r}")
-    if steps <= 0:
-        raise ValueError(f"'steps' must be positive: {steps!r}")
+    if not 0 < steps <= MAX_MODEL_STEPS:
+        raise ValueError(f"'steps' must be in [1, {MAX_MODEL_STEPS}]: {steps!r}")
     if mode not in ("fluid", "integer"):
         raise ValueError(f"'mode' must be 'fluid' or 'integer': {mode!r}")
     arrivals = SaturatedArrivals() if arrivals is None else arrivals

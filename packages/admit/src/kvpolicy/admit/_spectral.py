@@ -331,8 +331,23 @@ class StabilityReport:
         }
 
 
+MAX_ANALYZED_DECODE_LEN = 2048
+"""The longest decode length :func:`analyze_stability` takes: the characteristic
+polynomial has degree ``max decode length``, and finding its roots costs that cubed
+(about 10^10 operations at 2,048, 10^12 at 10^4)."""
+
+
 def analyze_stability(workload: StabilityWorkload) -> StabilityReport:
-    """Spectral radius, unstable roots, GCD verdict and ``l0,min`` of a workload."""
+    """Spectral radius, unstable roots, GCD verdict and ``l0,min`` of a workload.
+
+    Raises:
+        ValueError: a decode length is over :data:`MAX_ANALYZED_DECODE_LEN`.
+    """
+    if workload.max_decode_len > MAX_ANALYZED_DECODE_LEN:
+        raise ValueError(
+            f"'decode_lens' must be at most {MAX_ANALYZED_DECODE_LEN} to analyse (the "
+            f"polynomial's roots cost the cube of its degree): {workload.max_decode_len}"
+        )
     g = decode_gcd(workload.decode_lens)
     f = characteristic_polynomial(workload)
     if f.size < 2:

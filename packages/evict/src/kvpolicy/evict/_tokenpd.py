@@ -101,8 +101,9 @@ def _float_field(default: float, *validators: object) -> float:
     )
 
 
-def _int_field(default: int) -> int:
-    return field(default=default, validator=[instance_of(int), ge(0)])
+def _int_field(default: int, most: int = 2**31 - 1) -> int:
+    # Bounded: a count beyond ``most`` is a mistake that would allocate or loop for ever.
+    return field(default=default, validator=[instance_of(int), ge(0), le(most)])
 
 
 @frozen
@@ -144,9 +145,9 @@ class TokenPDConfig:
     """Leading positions of each stream kept while the budget allows (not in seed 000)."""
     recent_window: int = _int_field(0)
     """Newest positions of each stream kept while the budget allows (not in seed 000)."""
-    pool: int = _int_field(0)
-    """Half-width of the neighbourhood whose best value a token takes as its key (0: its
-    own; not in seed 000): among the tokens observed together, in position order, each
+    pool: int = _int_field(0, 2**16)
+    """Half-width (at most 65,536) of the neighbourhood whose best value a token takes as its
+    key (0: its own; not in seed 000): among the tokens observed together, in position order, each
     keeps the largest value of the ``2 * pool + 1`` around it, so the neighbours of an
     attended token stay with it (SnapKV pools its scores the same way)."""
     age_prior: float = _float_field(0.0, ge(0.0))

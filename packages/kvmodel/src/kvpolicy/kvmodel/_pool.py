@@ -129,6 +129,13 @@ class PoolStats:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
 
+MAX_BLOCKS = 2**26
+"""The most blocks a :class:`BlockPool` holds: it keeps a few entries per block (about
+2 GB of lists at this bound), far above any GPU's KV blocks."""
+MAX_BLOCK_SIZE = 2**20
+"""The most tokens per block (vLLM's block sizes are 1 to 256)."""
+
+
 class BlockPool:
     """Fixed-size KV blocks shared by requests through per-request block tables.
 
@@ -168,11 +175,15 @@ class BlockPool:
         enable_prefix_caching: bool = True,
         record_dropped: bool = False,
     ) -> None:
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+        for name, value, most in (
+            ("num_blocks", num_blocks, MAX_BLOCKS),
+            ("block_size", block_size, MAX_BLOCK_SIZE),
+        ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"'{name}' must be int: {value!r}")
-            if value <= 0:
-                raise ValueError(f"'{name}' must be > 0: {value}")
+            if not 0 < value <= most:
+                shown = value if abs(value) < 10**18 else "<huge int>"
+                raise ValueError(f"'{name}' must be > 0 and <= {most}: {shown}")
         self._num_blocks = num_blocks
         self._block_size = block_size
         self._prefix_caching = enable_prefix_caching

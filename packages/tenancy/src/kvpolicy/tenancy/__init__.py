@@ -23,9 +23,15 @@ from kvpolicy.tenancy._crd import crd_documents, custom_resources, manifest_sche
 from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool
 from kvpolicy.tenancy._errors import ManifestError, TenancyError, UnknownRequestError
 from kvpolicy.tenancy._experiments import replay_experiment
-from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
+from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate, admission_decision
 from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy, RedisLeaseGate
-from kvpolicy.tenancy._manifest import dump_manifest, load_gate, load_lease_gate, load_manifest
+from kvpolicy.tenancy._manifest import (
+    dump_manifest,
+    load_gate,
+    load_lease_gate,
+    load_manifest,
+    load_yaml,
+)
 from kvpolicy.tenancy._math import (
     PriorityCoefficients,
     burst_intensity,
@@ -35,6 +41,7 @@ from kvpolicy.tenancy._math import (
     service_gap,
     update_debt,
 )
+from kvpolicy.tenancy._refresh import RefreshConfig, ThroughputRefresh, refresh_factor
 from kvpolicy.tenancy._shares import token_pool_gateway
 from kvpolicy.tenancy._store import (
     EntitlementState,
@@ -61,16 +68,19 @@ __all__ = [
     "PoolState",
     "PriorityCoefficients",
     "RedisLeaseGate",
+    "RefreshConfig",
     "Resources",
     "ServiceClass",
     "StateStore",
     "TenancyError",
+    "ThroughputRefresh",
     "TokenEntitlement",
     "TokenPool",
     "TokenPoolAutoscaler",
     "TokenPoolGate",
     "UnknownRequestError",
     "__version__",
+    "admission_decision",
     "burst_intensity",
     "crd_documents",
     "custom_resources",
@@ -79,8 +89,10 @@ __all__ = [
     "load_gate",
     "load_lease_gate",
     "load_manifest",
+    "load_yaml",
     "manifest_schema",
     "priority_weight",
+    "refresh_factor",
     "replay_experiment",
     "retry_after",
     "service_class",

@@ -3,35 +3,78 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
 
 import attrs
 from attrs import field, frozen
-from attrs.validators import instance_of, min_len
+from attrs.validators import instance_of
 
 from kvpolicy.tenancy._classes import ServiceClass, service_class
 
 __all__ = ["Resources", "TokenEntitlement", "TokenPool"]
 
 
+# Bounds on what a pool can describe: beyond them a value is a mistake, and arithmetic in
+# Redis's Lua (IEEE doubles, exact to 2**53) would lose counts.
+MAX_TOKENS_PER_S = 1e12
+MAX_KV_BYTES = 2**53
+MAX_CONCURRENCY = 10**7
+MAX_OUTPUT_TOKENS = 10**8
+MAX_SLO_S = 86_400.0 * 365
+MAX_NAME = 253  # a Kubernetes object name
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_BOUNDS = {
+    "tokens_per_s": MAX_TOKENS_PER_S,
+    "kv_bytes": MAX_KV_BYTES,
+    "concurrency": MAX_CONCURRENCY,
+    "max_output_tokens": MAX_OUTPUT_TOKENS,
+    "slo_target_s": MAX_SLO_S,
+}
+
+
 def _positive_finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"'{attribute.name}' must be finite and > 0: {value!r}")
+    if not (math.isfinite(value) and 0 < value <= _BOUNDS[attribute.name]):
+        raise ValueError(
+            f"'{attribute.name}' must be finite, > 0 and <= {_BOUNDS[attribute.name]:g}: {value!r}"
+        )
 
 
 def _positive_int(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"'{attribute.name}' must be int: {value!r}")
-    if value <= 0:
-        raise ValueError(f"'{attribute.name}' must be > 0: {value!r}")
+        raise TypeError(f"'{attribute.name}' must be int: {_short(value)}")
+    if not 0 < value <= _BOUNDS[attribute.name]:
+        raise ValueError(
+            f"'{attribute.name}' must be > 0 and <= {_BOUNDS[attribute.name]}: {_short(value)}"
+        )
+
+
+def _name(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"'{attribute.name}' must be str: {_short(value)}")
+    if not 0 < len(value) <= MAX_NAME:
+        raise ValueError(
+            f"'{attribute.name}' must have 1 to {MAX_NAME} characters: {_short(value)}"
+        )
+    if _CONTROL.search(value):
+        raise ValueError(f"'{attribute.name}' must not contain control characters: {_short(value)}")
+
+
+def _short(value: object) -> str:
+    """``repr(value)``, cut to 80 characters: an error never renders a huge value."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**18 else "<huge int>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _number(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"must be a number: {value!r}")
-    return float(value)
+        raise TypeError(f"must be a number: {_short(value)}")
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond any float: the bound check names it
+        return math.inf
 
 
 @frozen
@@ -77,8 +120,9 @@ class TokenEntitlement:
     ``max_tokens`` default of §4.3 check 2).
     """
 
-    tenant: str = field(validator=[instance_of(str), min_len(1)])  # type: ignore[arg-type]
-    """Tenant name; requests carry it in ``Request.tenant``."""
+    tenant: str = field(validator=_name)
+    """Tenant name (1 to 253 characters, no control characters); requests carry it in
+    ``Request.tenant``."""
     service_class: ServiceClass = field(converter=_to_class)
     """Service class ``kappa_e`` (a :class:`ServiceClass` or its name)."""
     baseline: Resources = field(validator=_is_resources)
@@ -128,8 +172,8 @@ class TokenPool:
     dimension, since the pool promises them even when other tenants are busy.
     """
 
-    name: str = field(validator=[instance_of(str), min_len(1)])  # type: ignore[arg-type]
-    """Pool name, e.g. the model it serves."""
+    name: str = field(validator=_name)
+    """Pool name, e.g. the model it serves (1 to 253 characters, no control characters)."""
     capacity: Resources = field(validator=instance_of(Resources))
     """Pool capacity ``(Lambda_p, X_p, R_p)``."""
     entitlements: tuple[TokenEntitlement, ...] = field(converter=_entitlements)
@@ -163,6 +207,25 @@ class TokenPool:
     def reserved(self) -> tuple[float, int, int]:
         """Sum of the reserved baselines: ``(tokens_per_s, kv_bytes, concurrency)``."""
         return _reserved(self.entitlements)
+
+
+def over_capacity(i: int, ent: TokenEntitlement, cap: Resources) -> None:
+    """Raise ``ValueError`` naming the field when ``ent``'s limits exceed ``cap`` (a
+    manifest's check: an entitlement can never use more than its pool)."""
+    if ent.limits.fits_in(cap):
+        return
+    lim = ent.limits
+    for dim, mine, pools in (
+        ("concurrency", lim.concurrency, cap.concurrency),
+        ("kv_bytes", lim.kv_bytes, cap.kv_bytes),
+        ("tokens_per_s", lim.tokens_per_s, cap.tokens_per_s),
+    ):
+        if mine > pools:
+            part = "baseline" if ent.burst is None else "burst"
+            raise ValueError(
+                f"'entitlements[{i}].{part}.{dim}' ({mine:g}) exceeds the pool's capacity "
+                f"({pools:g}): tenant {_short(ent.tenant)}"
+            )
 
 
 def _reserved(entitlements: Iterable[TokenEntitlement]) -> tuple[float, int, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from collections.abc import Callable
 
 import attrs
 from attrs import field, frozen
@@ -27,16 +28,22 @@ from kvpolicy.tenancy._store import (
     StateStore,
 )
 
-__all__ = ["GateConfig", "TokenPoolGate"]
+__all__ = ["GateConfig", "TokenPoolGate", "admission_decision"]
 
 _log = logging.getLogger("kvpolicy.tenancy")
 
 _ADMIT = GateDecision(admitted=True)
 
 
+MAX_SECONDS = 86_400.0
+"""The longest control interval, bucket window or Retry-After a gate takes (a day): beyond
+it a bucket would fund years of traffic at once, and Redis's arithmetic loses precision."""
+
+
 def _finite_positive(_inst: object, attribute: object, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"'{getattr(attribute, 'name', '?')}' must be finite and > 0: {value!r}")
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        name = getattr(attribute, "name", "?")
+        raise ValueError(f"'{name}' must be finite, > 0 and <= {MAX_SECONDS:g}: {value!r}")
 
 
 def _fraction(_inst: object, attribute: object, value: float) -> None:
@@ -81,6 +88,188 @@ class GateConfig:
             raise ValueError(
                 f"'max_retry_s' must be >= 'min_retry_s' ({self.min_retry_s}): {self.max_retry_s}"
             )
+
+
+def admission_decision(
+    ent: TokenEntitlement,
+    s: EntitlementState,
+    ps: PoolState,
+    config: GateConfig,
+    reserved: tuple[float, int, int],
+    cost: int,
+    kv: int,
+    time: float,
+    outranks: Callable[[], bool],
+) -> tuple[GateDecision, EntitlementState | None, PoolState | None]:
+    """Seed 004's ordered checks (§4.3, after ``unknown-tenant`` and ``oversized``) for
+    one request, as a pure function of value objects: the spec that both gates implement
+    (``RedisLeaseGate``'s Lua is checked against it by ``tests/test_conformance.py`` and
+    the replay of ``tests/test_lease.py``).
+
+    Args:
+        ent: the request's entitlement (its limits, baseline and class).
+        s: the entitlement's state now (in flight, buckets, debt and burst).
+        ps: the pool's state, brought up to ``time`` (its control interval).
+        config: the gate's settings.
+        reserved: the pool's reserved baselines ``(tokens/s, KV bytes, slots)``.
+        cost: tokens charged (``prompt_len + max_output_tokens``); ``kv`` their KV bytes.
+        time: seconds, the buckets' clock.
+        outranks: whether the entitlement's priority (eq. 1) exceeds the admission
+            threshold, asked only over a contended pool (it costs a walk of the weights).
+
+    Returns:
+        ``(decision, entitlement state, pool state)``: the new states to store (``None``:
+        unchanged); a denial by the pool counts as contention in the entitlement's state.
+    """
+    limits = ent.limits
+    rate = limits.tokens_per_s
+    depth = rate * config.window_s
+    cap = ps.capacity
+    pool_depth = cap.tokens_per_s * config.window_s
+
+    def wait(
+        slots: float,
+        kv_bytes: float,
+        tokens: float,
+        n: int,
+        n_tok: float,
+        n_kv: float,
+        drain: float,
+    ) -> float:
+        return _wait(config, slots, kv_bytes, tokens, n, n_tok, n_kv, drain)
+
+    # Refill the token buckets up to ``time`` (never backwards).
+    s_time = max(time, s.bucket_time)
+    level = min(depth, s.bucket + (s_time - s.bucket_time) * rate)
+    p_time = max(time, ps.bucket_time)
+    pool_level = min(pool_depth, ps.bucket + (p_time - ps.bucket_time) * cap.tokens_per_s)
+    drain = min(rate, cap.tokens_per_s)
+
+    if s.in_flight + 1 > limits.concurrency:  # §4.3 check (3)
+        w = wait(1, 0, 0, s.in_flight, s.tokens, s.kv_bytes, drain)
+        return GateDecision(False, w, "concurrency"), None, None
+    if cost > level:  # §4.3 check (4)
+        w = wait(0, 0, cost - level, s.in_flight, s.tokens, s.kv_bytes, rate)
+        return GateDecision(False, w, "tokens"), None, None
+    if s.kv_bytes + kv > limits.kv_bytes:  # the KV dimension of §3.1
+        need = s.kv_bytes + kv - limits.kv_bytes
+        w = wait(0, need, 0, s.in_flight, s.tokens, s.kv_bytes, drain)
+        return GateDecision(False, w, "kv-cache"), None, None
+    base = ent.baseline
+    protected = ent.service_class.protected
+    within = protected and s.in_flight + 1 <= base.concurrency and s.kv_bytes + kv <= base.kv_bytes
+    denied = attrs.evolve(s, contended=s.contended + 1)
+    if within and not config.overcommit and cost > pool_level:  # §4.3 check (5)
+        w = wait(0, 0, cost - pool_level, 0, 0, 0, cap.tokens_per_s)
+        return GateDecision(False, w, "pool-full"), denied, None
+    res_tps, res_kv, res_slots = reserved
+    if not within:  # §4.3 checks (5) and (6): a full pool, pool contention
+        # Reservations are held for their entitlements even when idle (Table 1), so the
+        # pool is full at ``in flight + unused reservations``; with a hard pool the
+        # reserved token rates' window is held back from the shared token bucket too.
+        slots_after = ps.in_flight + res_slots - ps.reserved_used_slots + 1
+        kv_after = ps.kv_bytes + res_kv - ps.reserved_used_kv_bytes + kv
+        need_slots: float = slots_after - cap.concurrency
+        need_kv: float = kv_after - cap.kv_bytes
+        need_tokens = cost - pool_level
+        if not config.overcommit:
+            need_tokens += min(res_tps, cap.tokens_per_s) * config.window_s
+        reason = ""
+        if not config.overcommit and (need_slots > 0 or need_kv > 0 or need_tokens > 0):
+            reason = "pool-full"
+        else:
+            frac = config.contention_level
+            if frac < 1:  # contended from ``frac`` of the capacity on
+                need_slots = slots_after - frac * cap.concurrency
+                need_kv = kv_after - frac * cap.kv_bytes
+                need_tokens += (1 - frac) * pool_depth
+            if (need_slots > 0 or need_kv > 0 or need_tokens > 0) and not (
+                outranks()
+                and (  # a dedicated burst leaves the reservations and protected holdings whole
+                    not protected
+                    or (
+                        ps.protected_in_flight + res_slots - ps.reserved_used_slots + 1
+                        <= cap.concurrency
+                        and ps.protected_kv_bytes + res_kv - ps.reserved_used_kv_bytes + kv
+                        <= cap.kv_bytes
+                    )
+                )
+            ):
+                reason = "priority"
+        if reason:
+            w = wait(
+                max(0, need_slots),
+                max(0, need_kv),
+                max(0.0, need_tokens),
+                ps.in_flight,
+                ps.tokens,
+                ps.kv_bytes,
+                cap.tokens_per_s,
+            )
+            return GateDecision(False, w, reason), denied, None
+
+    if protected:
+        n = s.in_flight
+        prot_slots = ps.protected_in_flight + 1
+        prot_kv = ps.protected_kv_bytes + kv
+        used_slots = ps.reserved_used_slots + (
+            min(n + 1, base.concurrency) - min(n, base.concurrency)
+        )
+        used_kv = ps.reserved_used_kv_bytes + (
+            min(s.kv_bytes + kv, base.kv_bytes) - min(s.kv_bytes, base.kv_bytes)
+        )
+    else:
+        prot_slots, prot_kv = ps.protected_in_flight, ps.protected_kv_bytes
+        used_slots, used_kv = ps.reserved_used_slots, ps.reserved_used_kv_bytes
+    new_s = EntitlementState(
+        s.in_flight + 1,
+        s.kv_bytes + kv,
+        s.tokens + cost,
+        level - cost,
+        s_time,
+        s.burst,
+        s.debt,
+        s.served + cost,
+        s.contended,
+    )
+    new_ps = PoolState(
+        cap,
+        ps.in_flight + 1,
+        ps.kv_bytes + kv,
+        ps.tokens + cost,
+        pool_level - cost,
+        p_time,
+        prot_slots,
+        prot_kv,
+        used_slots,
+        used_kv,
+        ps.next_tick,
+    )
+    return _ADMIT, new_s, new_ps
+
+
+def _wait(
+    config: GateConfig,
+    slots: float,
+    kv_bytes: float,
+    tokens: float,
+    in_flight: int,
+    in_flight_tokens: float,
+    in_flight_kv: float,
+    drain: float,
+) -> float:
+    # retry_after of _math without argument checks: every value here is the gate's own.
+    wait = tokens / drain
+    if slots > 0 or kv_bytes > 0:
+        if in_flight <= 0 or in_flight_tokens <= 0:
+            return config.max_retry_s
+        completions = drain * in_flight / in_flight_tokens
+        wait = max(wait, slots / completions)
+        if kv_bytes > 0:
+            if in_flight_kv <= 0:
+                return config.max_retry_s
+            wait = max(wait, kv_bytes * in_flight / (completions * in_flight_kv))
+    return min(config.max_retry_s, max(config.min_retry_s, wait))
 
 
 def _bytes_per_token(value: int | ModelSpec) -> int:
@@ -299,17 +488,27 @@ class TokenPoolGate:
 
     # -- RequestGate --------------------------------------------------------------------
 
-    def check(self, request: Request, time: float) -> GateDecision:
+    def check(
+        self, request: Request, time: float, *, max_output_tokens: int | None = None
+    ) -> GateDecision:
         """Admit ``request`` arriving at ``time`` (seconds), or deny it with a Retry-After.
 
+        ``max_output_tokens`` overrides the entitlement's output bound (a request's own
+        ``max_tokens``): the request is charged ``prompt_len + max_output_tokens``.
+
         Raises:
-            TypeError: ``request`` is not a :class:`~kvpolicy.kvmodel.Request` or ``time`` is
-                not a number.
-            ValueError: ``time`` is negative or not finite, or ``request`` is already admitted
-                and not released (nothing changes).
+            TypeError: ``request`` is not a :class:`~kvpolicy.kvmodel.Request`, ``time`` is
+                not a number or ``max_output_tokens`` not an int.
+            ValueError: ``time`` is negative or not finite, ``max_output_tokens`` negative,
+                or ``request`` is already admitted and not released (nothing changes).
         """
         if not isinstance(request, Request):
             raise TypeError(f"'request' must be Request: {request!r}")
+        if max_output_tokens is not None:
+            if isinstance(max_output_tokens, bool) or not isinstance(max_output_tokens, int):
+                raise TypeError(f"'max_output_tokens' must be int: {max_output_tokens!r}")
+            if max_output_tokens < 0:
+                raise ValueError(f"'max_output_tokens' must be >= 0: {max_output_tokens!r}")
         time = _check_time(time)
         store = self._store
         tenant = request.tenant
@@ -329,117 +528,30 @@ class TokenPoolGate:
         if s is None:
             s = EntitlementState(bucket=depth, bucket_time=time)
         cap = ps.capacity
-        cost = request.prompt_len + ent.max_output_tokens
+        out = ent.max_output_tokens if max_output_tokens is None else max_output_tokens
+        cost = request.prompt_len + out
         kv = cost * self._bpt
         pool_depth = cap.tokens_per_s * cfg.window_s
         if cost > depth or cost > pool_depth or kv > limits.kv_bytes or kv > cap.kv_bytes:
             return GateDecision(False, cfg.max_retry_s, "oversized")
 
-        # Refill the token buckets up to ``time`` (never backwards).
-        s_time = max(time, s.bucket_time)
-        level = min(depth, s.bucket + (s_time - s.bucket_time) * rate)
-        p_time = max(time, ps.bucket_time)
-        pool_level = min(pool_depth, ps.bucket + (p_time - ps.bucket_time) * cap.tokens_per_s)
-        drain = min(rate, cap.tokens_per_s)
-
-        if s.in_flight + 1 > limits.concurrency:  # §4.3 check (3)
-            wait = self._wait(1, 0, 0, s.in_flight, s.tokens, s.kv_bytes, drain)
-            return GateDecision(False, wait, "concurrency")
-        if cost > level:  # §4.3 check (4)
-            wait = self._wait(0, 0, cost - level, s.in_flight, s.tokens, s.kv_bytes, rate)
-            return GateDecision(False, wait, "tokens")
-        if s.kv_bytes + kv > limits.kv_bytes:  # the KV dimension of §3.1
-            need = s.kv_bytes + kv - limits.kv_bytes
-            wait = self._wait(0, need, 0, s.in_flight, s.tokens, s.kv_bytes, drain)
-            return GateDecision(False, wait, "kv-cache")
-        base = ent.baseline
-        protected = ent.service_class.protected
-        reserved = (
-            protected and s.in_flight + 1 <= base.concurrency and s.kv_bytes + kv <= base.kv_bytes
+        decision, new_s, new_ps = admission_decision(
+            ent,
+            s,
+            ps,
+            cfg,
+            self._reserved,
+            cost,
+            kv,
+            time,
+            lambda: self._weight_of(tenant, ent) > self.threshold(),
         )
-        if reserved and not cfg.overcommit and cost > pool_level:  # §4.3 check (5)
-            wait = self._wait(0, 0, cost - pool_level, 0, 0, 0, cap.tokens_per_s)
-            store.put_entitlement(tenant, attrs.evolve(s, contended=s.contended + 1))
-            return GateDecision(False, wait, "pool-full")
-        if not reserved:  # §4.3 checks (5) and (6): a full pool, pool contention
-            # Reservations are held for their entitlements even when idle (Table 1), so the
-            # pool is full at ``in flight + unused reservations``; with a hard pool the
-            # reserved token rates' window is held back from the shared token bucket too.
-            res_tps, res_kv, res_slots = self._reserved
-            slots_after = ps.in_flight + res_slots - ps.reserved_used_slots + 1
-            kv_after = ps.kv_bytes + res_kv - ps.reserved_used_kv_bytes + kv
-            need_slots: float = slots_after - cap.concurrency
-            need_kv: float = kv_after - cap.kv_bytes
-            need_tokens = cost - pool_level
-            if not cfg.overcommit:
-                need_tokens += min(res_tps, cap.tokens_per_s) * cfg.window_s
-            reason = ""
-            if not cfg.overcommit and (need_slots > 0 or need_kv > 0 or need_tokens > 0):
-                reason = "pool-full"
-            else:
-                frac = cfg.contention_level
-                if frac < 1:  # contended from ``frac`` of the capacity on
-                    need_slots = slots_after - frac * cap.concurrency
-                    need_kv = kv_after - frac * cap.kv_bytes
-                    need_tokens += (1 - frac) * pool_depth
-                contended = need_slots > 0 or need_kv > 0 or need_tokens > 0
-                if contended and not self._may_displace(ent, ps, kv, tenant):
-                    reason = "priority"
-            if reason:
-                wait = self._wait(
-                    max(0, need_slots),
-                    max(0, need_kv),
-                    max(0.0, need_tokens),
-                    ps.in_flight,
-                    ps.tokens,
-                    ps.kv_bytes,
-                    cap.tokens_per_s,
-                )
-                store.put_entitlement(tenant, attrs.evolve(s, contended=s.contended + 1))
-                return GateDecision(False, wait, reason)
-
-        if protected:
-            n = s.in_flight
-            prot_slots = ps.protected_in_flight + 1
-            prot_kv = ps.protected_kv_bytes + kv
-            used_slots = ps.reserved_used_slots + (
-                min(n + 1, base.concurrency) - min(n, base.concurrency)
-            )
-            used_kv = ps.reserved_used_kv_bytes + (
-                min(s.kv_bytes + kv, base.kv_bytes) - min(s.kv_bytes, base.kv_bytes)
-            )
-        else:
-            prot_slots, prot_kv = ps.protected_in_flight, ps.protected_kv_bytes
-            used_slots, used_kv = ps.reserved_used_slots, ps.reserved_used_kv_bytes
-        store.put_entitlement(
-            tenant,
-            EntitlementState(
-                s.in_flight + 1,
-                s.kv_bytes + kv,
-                s.tokens + cost,
-                level - cost,
-                s_time,
-                s.burst,
-                s.debt,
-                s.served + cost,
-                s.contended,
-            ),
-        )
-        store.put_pool(
-            PoolState(
-                cap,
-                ps.in_flight + 1,
-                ps.kv_bytes + kv,
-                ps.tokens + cost,
-                pool_level - cost,
-                p_time,
-                prot_slots,
-                prot_kv,
-                used_slots,
-                used_kv,
-                ps.next_tick,
-            )
-        )
+        if new_s is not None:
+            store.put_entitlement(tenant, new_s)
+        if not decision.admitted:
+            return decision
+        assert new_ps is not None  # an admission changes the pool
+        store.put_pool(new_ps)
         store.put_holding(request.request_id, Holding(tenant, cost, kv))
         if s.in_flight == 0:
             heapq.heappush(self._heap, (self._weight_of(tenant, ent), tenant))
@@ -742,44 +854,6 @@ class TokenPoolGate:
             / (1.0 + c.alpha_burst * state.burst)
             * owed
         )
-
-    def _may_displace(self, ent: TokenEntitlement, ps: PoolState, kv: int, tenant: str) -> bool:
-        """Whether a request (not within a reservation) may be admitted over a contended pool:
-        its priority must exceed the threshold (§4.3), and a dedicated burst must leave the
-        reservations and protected holdings within capacity."""
-        if not self._weight_of(tenant, ent) > self.threshold():
-            return False
-        if not ent.service_class.protected:
-            return True
-        _, res_kv, res_slots = self._reserved
-        cap = ps.capacity
-        slots = ps.protected_in_flight + res_slots - ps.reserved_used_slots + 1
-        kv_bytes = ps.protected_kv_bytes + res_kv - ps.reserved_used_kv_bytes + kv
-        return slots <= cap.concurrency and kv_bytes <= cap.kv_bytes
-
-    def _wait(
-        self,
-        slots: float,
-        kv_bytes: float,
-        tokens: float,
-        in_flight: int,
-        in_flight_tokens: float,
-        in_flight_kv: float,
-        drain: float,
-    ) -> float:
-        # retry_after of _math without argument checks: every value here is the gate's own.
-        cfg = self._config
-        wait = tokens / drain
-        if slots > 0 or kv_bytes > 0:
-            if in_flight <= 0 or in_flight_tokens <= 0:
-                return cfg.max_retry_s
-            completions = drain * in_flight / in_flight_tokens
-            wait = max(wait, slots / completions)
-            if kv_bytes > 0:
-                if in_flight_kv <= 0:
-                    return cfg.max_retry_s
-                wait = max(wait, kv_bytes * in_flight / (completions * in_flight_kv))
-        return min(cfg.max_retry_s, max(cfg.min_retry_s, wait))
 
     def _advance(self, time: float) -> PoolState:
         """Run the debt and burst updates due by ``time``; return the pool's state."""

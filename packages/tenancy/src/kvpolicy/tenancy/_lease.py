@@ -16,6 +16,7 @@ import asyncio
 import logging
 import math
 import threading
+from importlib import resources
 from typing import Any
 
 from attrs import field, frozen
@@ -30,337 +31,24 @@ __all__ = ["LeaseRelease", "OutagePolicy", "RedisLeaseGate"]
 
 _log = logging.getLogger("kvpolicy.tenancy")
 
-# Shared Lua: seed 004's admission state (§4.3) kept whole in Redis, so that one script is
-# one atomic decision. KEYS: pool hash, lease expiries (sorted set), lease data (hash
-# id -> "tokens kv tenant"), in-flight priorities (sorted set tenant -> weight).
-# Common ARGV: ns, now ('' = Redis's clock), update interval, alpha_slo, alpha_burst,
-# alpha_debt, gamma_d, gamma_b, pool-mean SLO, pool rate, depth, concurrency, KV bytes,
-# reserved KV bytes, reserved slots. Script ARGV start at 16.
-#
-# An entitlement hash holds its in-flight counters, token bucket, burst, debt, the tokens
-# served and pool denials of its current control interval ``k``, and its spec
-# "class_weight slo baseline_rate baseline_kv baseline_slots debt? reserved? rate depth".
-# The debt and burst updates of eqs. (2)-(3) run lazily: an entitlement is brought up to the
-# current interval when a script touches it, one interval with its served tokens and the
-# idle rest in closed form, so the update costs O(1) per decision whatever the number of
-# tenants. Weights of entitlements in flight (the admission threshold) are refreshed once
-# per interval, when a contended decision first needs them.
-_LUA_COMMON = """
-local ns = ARGV[1]
-local now = tonumber(ARGV[2])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-local I = tonumber(ARGV[3])
-local aslo, ab, ad = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local gd, gb, mean = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local prate, pdepth = tonumber(ARGV[10]), tonumber(ARGV[11])
-local pconc, pkvcap = tonumber(ARGV[12]), tonumber(ARGV[13])
-local reskv, resslots = tonumber(ARGV[14]), tonumber(ARGV[15])
-local poolkey, leases, data, prio = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local EF = {'inf', 'kv', 'tok', 'b', 'bt', 'burst', 'debt', 'served', 'cont', 'k', 'spec'}
-local PF = {'inf', 'kv', 'tok', 'b', 'bt', 'pinf', 'pkv', 'rus', 'ruk', 'k', 'wk'}
-local function fmt(x) return string.format('%.17g', x) end
-local function parse(spec)
-  local t = {}
-  for w in string.gmatch(spec, '%S+') do t[#t + 1] = tonumber(w) end
-  return {cw = t[1], slo = t[2], btps = t[3], bkv = t[4], bconc = t[5], acc = t[6],
-          prot = t[7], rate = t[8], depth = t[9]}
-end
-local function catch_up(s, K)
-  if K <= s.k then return end
-  local e, idle = s.e, K - s.k - 1
-  local served = math.max(0, s.served) / I
-  if e.acc == 1 then
-    local gap = math.max(-1, math.min(1, (e.btps - served) / e.btps))
-    if s.cont == 0 then gap = math.min(0, gap) end
-    s.debt = gd * s.debt + (1 - gd) * gap
-    s.debt = s.debt * gd ^ idle
-  end
-  local kvo = math.max(0, s.kv / e.bkv - 1)
-  local co = math.max(0, s.inf / e.bconc - 1)
-  local delta = math.max(0, served / e.btps - 1) + kvo + co
-  s.burst = gb * s.burst + (1 - gb) * delta
-  if idle > 0 then
-    local st = kvo + co
-    s.burst = st + (s.burst - st) * gb ^ idle
-  end
-  s.served, s.cont, s.k = 0, 0, K
-end
--- The entitlement of ``tenant`` brought up to interval K; a fresh one from ``spec`` (nil
--- when there is neither a state nor a spec).
-local function ent(tenant, spec, K)
-  local key = ns .. ':e:' .. tenant
-  local v = redis.call('HMGET', key, unpack(EF))
-  local s = {key = key, tenant = tenant}
-  if not v[4] then
-    if not spec then return nil end
-    s.new, s.spec, s.e = true, spec, parse(spec)
-    s.inf, s.kv, s.tok, s.burst, s.debt, s.served, s.cont, s.k = 0, 0, 0, 0, 0, 0, 0, K
-    s.b, s.bt = s.e.depth, now
-    return s
-  end
-  for i = 1, 10 do s[EF[i]] = tonumber(v[i]) end
-  s.spec = spec or v[11]
-  s.e = parse(s.spec)
-  catch_up(s, K)
-  return s
-end
-local function save(s, idle)
-  redis.call('HSET', s.key, 'inf', fmt(s.inf), 'kv', fmt(s.kv), 'tok', fmt(s.tok),
-             'b', fmt(s.b), 'bt', fmt(s.bt), 'burst', fmt(s.burst), 'debt', fmt(s.debt),
-             'served', fmt(s.served), 'cont', fmt(s.cont), 'k', fmt(s.k), 'spec', s.spec)
-  redis.call('EXPIRE', s.key, idle)
-end
-local function weight(s)
-  local e, d = s.e, s.debt
-  local owed
-  if d >= 0 then owed = 1 + ad * d else owed = 1 / (1 - ad * d) end
-  return e.cw / (1 + aslo * e.slo / mean) / (1 + ab * s.burst) * owed
-end
--- The pool's state and the current interval (never earlier than one already seen).
-local function pool_state()
-  local v = redis.call('HMGET', poolkey, unpack(PF))
-  local p = {}
-  for i, f in ipairs(PF) do p[f] = tonumber(v[i]) or 0 end
-  if not v[4] then p.b = pdepth end
-  local K = math.max(math.floor(now / I), p.k)
-  p.k = K
-  return p, K
-end
-local function save_pool(p)
-  redis.call('HSET', poolkey, 'inf', fmt(p.inf), 'kv', fmt(p.kv), 'tok', fmt(p.tok),
-             'b', fmt(p.b), 'bt', fmt(p.bt), 'pinf', fmt(p.pinf), 'pkv', fmt(p.pkv),
-             'rus', fmt(p.rus), 'ruk', fmt(p.ruk), 'k', fmt(p.k), 'wk', fmt(p.wk))
-end
--- Count one more request of ``s`` in flight (no limit checked).
-local function take(s, p, tok, kv)
-  local e, n = s.e, s.inf
-  if e.prot == 1 then
-    p.pinf = p.pinf + 1
-    p.pkv = p.pkv + kv
-    p.rus = p.rus + (math.min(n + 1, e.bconc) - math.min(n, e.bconc))
-    p.ruk = p.ruk + (math.min(s.kv + kv, e.bkv) - math.min(s.kv, e.bkv))
-  end
-  if n == 0 then redis.call('ZADD', prio, fmt(weight(s)), s.tenant) end
-  s.inf, s.kv, s.tok = n + 1, s.kv + kv, s.tok + tok
-  p.inf, p.kv, p.tok = p.inf + 1, p.kv + kv, p.tok + tok
-end
--- Free lease ``id``; ``actual`` >= 0 books that many tokens (clamped) instead of the charge.
-local function free(id, actual, p, K, idle)
-  local v = redis.call('HGET', data, id)
-  if not v then return nil end
-  local tok, kv, tenant = string.match(v, '^(%d+) (%d+) (.*)$')
-  tok, kv = tonumber(tok), tonumber(kv)
-  redis.call('HDEL', data, id)
-  redis.call('ZREM', leases, id)
-  local refund = 0
-  if actual >= 0 then refund = tok - math.min(actual, tok) end
-  local s = ent(tenant, nil, K)
-  if s then
-    local e, n = s.e, s.inf
-    local st = math.max(now, s.bt)
-    s.b = math.min(e.depth, s.b + (st - s.bt) * e.rate + refund)
-    s.bt = st
-    if e.prot == 1 then
-      p.pinf = p.pinf - 1
-      p.pkv = p.pkv - kv
-      p.rus = p.rus - (math.min(n, e.bconc) - math.min(n - 1, e.bconc))
-      p.ruk = p.ruk - (math.min(s.kv, e.bkv) - math.min(s.kv - kv, e.bkv))
-    end
-    s.inf, s.kv, s.tok = n - 1, s.kv - kv, s.tok - tok
-    s.served = s.served - refund
-    save(s, idle)
-    if s.inf <= 0 then redis.call('ZREM', prio, tenant) end
-  end
-  local pt = math.max(now, p.bt)
-  p.b = math.min(pdepth, p.b + (pt - p.bt) * prate + refund)
-  p.bt = pt
-  p.inf, p.kv, p.tok = p.inf - 1, p.kv - kv, p.tok - tok
-  return tok
-end
-local function reclaim(p, K, idle, limit)
-  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', fmt(now), 'LIMIT', 0, limit)
-  for _, id in ipairs(gone) do free(id, -1, p, K, idle) end
-  return #gone
-end
--- Admission threshold: the least weight among entitlements in flight (inf when none).
-local function threshold(p, K, idle)
-  if p.wk < K then
-    for _, t in ipairs(redis.call('ZRANGE', prio, 0, -1)) do
-      local o = ent(t, nil, K)
-      if o == nil or o.inf <= 0 then
-        redis.call('ZREM', prio, t)
-      else
-        save(o, idle)
-        redis.call('ZADD', prio, fmt(weight(o)), t)
-      end
-    end
-    p.wk = K
-  end
-  local m = redis.call('ZRANGE', prio, 0, 0, 'WITHSCORES')
-  if #m == 0 then return math.huge end
-  return tonumber(m[2])
-end
-"""
+# The scripts are Lua files beside this module (lua/*.lua): common.lua, seed 004's state
+# kept whole in Redis, and one file per script that runs after it. Each script's first
+# lines say its arguments and answer; tests/test_lua.py compiles and lints them.
 
-# ARGV 16..: id, tenant, tokens, kv, ttl_s, idle_s, spec, concurrency, rate, depth, kv bytes
-# (the entitlement's limits), then GateConfig's overcommit (1 or 0) and contention level,
-# and the reserved token rates' window (held back from the pool's bucket when the pool is
-# hard). Whether the request is within its reserved baseline is decided in the script.
-# Returns {1} admitted; {-1} duplicate; or {0, reason, slots, kv, tokens, in_flight,
-# in_flight_tokens, in_flight_kv, drain} for the Retry-After.
-_LUA_ACQUIRE = (
-    _LUA_COMMON
-    + """
-local id, tenant = ARGV[16], ARGV[17]
-local tok, kv, ttl, idle = tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV[20]), ARGV[21]
-local spec = ARGV[22]
-local conc, rate, depth, kvcap = tonumber(ARGV[23]), tonumber(ARGV[24]), tonumber(ARGV[25]),
-                                 tonumber(ARGV[26])
-local overcommit, frac, held = tonumber(ARGV[27]), tonumber(ARGV[28]), tonumber(ARGV[29])
-if redis.call('HEXISTS', data, id) == 1 then return {-1} end
-local p, K = pool_state()
-reclaim(p, K, idle, 8)
-local s = ent(tenant, spec, K)
-local e = s.e
-local function deny(reason, a, b, c, n, t, k, drain)
-  if not s.new then save(s, idle) end
-  save_pool(p)
-  return {0, reason, fmt(a), fmt(b), fmt(c), fmt(n), fmt(t), fmt(k), fmt(drain)}
-end
-local st = math.max(now, s.bt)
-local level = math.min(depth, s.b + (st - s.bt) * rate)
-local pt = math.max(now, p.bt)
-local plevel = math.min(pdepth, p.b + (pt - p.bt) * prate)
-local drain = math.min(rate, prate)
-if s.inf + 1 > conc then return deny('concurrency', 1, 0, 0, s.inf, s.tok, s.kv, drain) end
-if tok > level then
-  return deny('tokens', 0, 0, tok - level, s.inf, s.tok, s.kv, rate)
-end
-if s.kv + kv > kvcap then
-  return deny('kv-cache', 0, s.kv + kv - kvcap, 0, s.inf, s.tok, s.kv, drain)
-end
-local reserved = e.prot == 1 and s.inf + 1 <= e.bconc and s.kv + kv <= e.bkv
-if reserved and overcommit == 0 and tok > plevel then
-  s.cont = s.cont + 1
-  s.new = false
-  return deny('pool-full', 0, 0, tok - plevel, 0, 0, 0, prate)
-end
-if not reserved then
-  local slots_after = p.inf + (resslots - p.rus) + 1
-  local kv_after = p.kv + (reskv - p.ruk) + kv
-  local need_slots, need_kv, need_tok = slots_after - pconc, kv_after - pkvcap, tok - plevel
-  local reason = nil
-  if overcommit == 0 then need_tok = need_tok + held end
-  if overcommit == 0 and (need_slots > 0 or need_kv > 0 or need_tok > 0) then
-    reason = 'pool-full'
-  else
-    if frac < 1 then
-      need_slots = slots_after - frac * pconc
-      need_kv = kv_after - frac * pkvcap
-      need_tok = need_tok + (1 - frac) * pdepth
-    end
-    if need_slots > 0 or need_kv > 0 or need_tok > 0 then
-      local ok = weight(s) > threshold(p, K, idle)
-      if ok and e.prot == 1 then
-        ok = p.pinf + resslots - p.rus + 1 <= pconc and p.pkv + reskv - p.ruk + kv <= pkvcap
-      end
-      if not ok then reason = 'priority' end
-    end
-  end
-  if reason then
-    s.cont = s.cont + 1
-    s.new = false
-    return deny(reason, math.max(0, need_slots), math.max(0, need_kv),
-                math.max(0, need_tok), p.inf, p.tok, p.kv, prate)
-  end
-end
-take(s, p, tok, kv)
-s.b, s.bt, s.served = level - tok, st, s.served + tok
-p.b, p.bt = plevel - tok, pt
-save(s, idle)
-save_pool(p)
-redis.call('HSET', data, id, fmt(tok) .. ' ' .. fmt(kv) .. ' ' .. tenant)
-redis.call('ZADD', leases, fmt(now + ttl), id)
-return {1}
-"""
-)
 
-# ARGV 16..: id, actual (-1: charge in full), idle_s. Returns {charged or -1, debt, weight}.
-_LUA_RELEASE = (
-    _LUA_COMMON
-    + """
-local p, K = pool_state()
-local v = redis.call('HGET', data, ARGV[16])
-local tok = free(ARGV[16], tonumber(ARGV[17]), p, K, ARGV[18])
-save_pool(p)
-if not tok then return {-1, '0', '0'} end
-local tenant = string.match(v, '^%d+ %d+ (.*)$')
-local s = ent(tenant, nil, K)
-if not s then return {fmt(tok), '', ''} end
-return {fmt(tok), fmt(s.debt), fmt(weight(s))}
-"""
-)
+def _lua(name: str) -> str:
+    return (resources.files("kvpolicy.tenancy") / "lua" / f"{name}.lua").read_text()
 
-# ARGV 16..: idle_s, ttl_s, then (id, tenant, tokens, kv, spec) per lease held by the caller.
-# Extends each lease; re-adopts one Redis lost (a restart, or an expiry while its holder was
-# stalled), counting it again without a limit check: the request is really running.
-# Returns {renewed, adopted, reclaimed}.
-_LUA_RENEW = (
-    _LUA_COMMON
-    + """
-local idle, ttl = ARGV[16], tonumber(ARGV[17])
-local p, K = pool_state()
-local reclaimed = reclaim(p, K, idle, 64)
-local renewed, adopted = 0, 0
-for i = 18, #ARGV, 5 do
-  local id, tenant = ARGV[i], ARGV[i + 1]
-  if redis.call('HEXISTS', data, id) == 1 then
-    renewed = renewed + 1
-    redis.call('EXPIRE', ns .. ':e:' .. tenant, idle)
-  else
-    local tok, kv = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-    local s = ent(tenant, ARGV[i + 4], K)
-    take(s, p, tok, kv)
-    save(s, idle)
-    redis.call('HSET', data, id, fmt(tok) .. ' ' .. fmt(kv) .. ' ' .. tenant)
-    adopted = adopted + 1
-  end
-  redis.call('ZADD', leases, fmt(now + ttl), id)
-end
-save_pool(p)
-return {renewed, adopted, reclaimed}
-"""
-)
 
-# ARGV 16..: idle_s, tenant, tokens, spec: book tokens served while Redis was away.
-_LUA_CHARGE = (
-    _LUA_COMMON
-    + """
-local p, K = pool_state()
-local amount = tonumber(ARGV[18])
-local s = ent(ARGV[17], ARGV[19], K)
-s.b, s.served = s.b - amount, s.served + amount
-save(s, ARGV[16])
-p.b = p.b - amount
-save_pool(p)
-return 1
-"""
-)
-
-# ARGV 16..: idle_s, tenant, spec. Returns {debt, burst, weight} as of now.
-_LUA_STATE = (
-    _LUA_COMMON
-    + """
-local p, K = pool_state()
-local s = ent(ARGV[17], ARGV[18], K)
-if not s.new then save(s, ARGV[16]) end
-save_pool(p)
-return {fmt(s.debt), fmt(s.burst), fmt(weight(s))}
-"""
-)
+_LUA_COMMON = _lua("common")
+_LUA_ACQUIRE = _LUA_COMMON + _lua("acquire")
+_LUA_RELEASE = _LUA_COMMON + _lua("release")
+_LUA_RENEW = _LUA_COMMON + _lua("renew")
+_LUA_CHARGE = _LUA_COMMON + _lua("charge")
+_LUA_HOLD = _LUA_COMMON + _lua("hold")
+_LUA_STATE = _LUA_COMMON + _lua("state")
+SCRIPTS = ("acquire", "release", "renew", "charge", "hold", "state")
+"""The scripts, each run after ``common.lua``."""
 
 
 def _local_default(name: str) -> float:
@@ -473,6 +161,7 @@ class RedisLeaseGate:
         outage: OutagePolicy | None = None,
         default_entitlement: TokenEntitlement | None = None,
         async_client: Any = None,
+        recovery_s: float | None = None,
     ) -> None:
         """Build a gate over a redis-py client (``redis.Redis``; see :meth:`from_url`).
 
@@ -491,6 +180,13 @@ class RedisLeaseGate:
                 denies such requests with ``"unknown-tenant"``. It may not reserve capacity.
             async_client: a ``redis.asyncio.Redis`` on the same server, for :meth:`acheck`
                 (used from one event loop); ``None`` runs :meth:`check` in a thread instead.
+            recovery_s: how long no request is admitted after Redis lost the pool's state
+                or a replica saw it fail, so that every replica re-adopts its leases and
+                pushes its outage admissions first (longer than the renewal interval of
+                the replicas). ``None``: ``lease_ttl_s / 3`` with ``clock="redis"``, 0 with
+                ``clock="request"`` (replays have no outages). A lost state is told from
+                a first start by the replicas: the window opens when the first script to
+                find no pool state comes from a replica that had seen it.
         """
         if not isinstance(pool, TokenPool):
             raise TypeError(f"'pool' must be TokenPool: {pool!r}")
@@ -506,7 +202,10 @@ class RedisLeaseGate:
             raise ValueError(f"'namespace' must be a non-empty str: {namespace!r}")
         if clock not in ("redis", "request"):
             raise ValueError(f"'clock' must be 'redis' or 'request': {clock!r}")
-        for name, value in (("lease_ttl_s", lease_ttl_s), ("idle_ttl_s", idle_ttl_s)):
+        for name, value, most in (
+            ("lease_ttl_s", lease_ttl_s, 86_400.0),
+            ("idle_ttl_s", idle_ttl_s, 30 * 86_400.0),
+        ):
             if not (
                 isinstance(value, int | float)
                 and not isinstance(value, bool)
@@ -514,6 +213,17 @@ class RedisLeaseGate:
                 and value > 0
             ):
                 raise ValueError(f"'{name}' must be finite and > 0: {value!r}")
+            if value > most:
+                raise ValueError(f"'{name}' must be <= {most:g}: {value!r}")
+        if recovery_s is None:
+            recovery_s = lease_ttl_s / 3 if clock == "redis" else 0.0
+        if not (
+            isinstance(recovery_s, int | float)
+            and not isinstance(recovery_s, bool)
+            and math.isfinite(recovery_s)
+            and 0 <= recovery_s <= 86_400
+        ):
+            raise ValueError(f"'recovery_s' must be finite, >= 0 and <= 86400: {recovery_s!r}")
         if default_entitlement is not None:
             if not isinstance(default_entitlement, TokenEntitlement):
                 raise TypeError(
@@ -534,6 +244,7 @@ class RedisLeaseGate:
             f"{self._ns}:leases",
             f"{self._ns}:lease-data",
             f"{self._ns}:priority",
+            f"{self._ns}:released",
         ]
         self._window = config.window_s
         self._ttl = float(lease_ttl_s)
@@ -560,19 +271,27 @@ class RedisLeaseGate:
             cap.kv_bytes,
             res_kv,
             res_slots,
+            "0",  # the recovery window: 0 until this replica has seen the pool's state
         ]
+        self._recovery = repr(float(recovery_s))
         self._specs: dict[str, str] = {}
         self._lock = threading.Lock()
         self._held: dict[str, tuple[str, int, int]] = {}  # leases this replica holds
-        self._local: dict[str, int] = {}  # tenant -> leases admitted while Redis was away
-        self._local_ids: set[str] = set()
+        # What happened while Redis was away, pushed by _reconcile (one at a time: the
+        # lock) when it answers again: leases admitted here, releases and tokens to book,
+        # and whether this replica saw Redis fail (the recovery window opens first).
+        self._reconciling = threading.Lock()
+        self._local_ids: set[str] = set()  # admitted here, not yet adopted by Redis
+        self._adopting: set[str] = set()  # being adopted by the reconciliation under way
         self._pending_release: dict[str, int] = {}
         self._pending_charge: dict[str, int] = {}
+        self._saw_outage = False
         self._acquire = client.register_script(_LUA_ACQUIRE)
         self._release = client.register_script(_LUA_RELEASE)
         self._renew = client.register_script(_LUA_RENEW)
         self._charge = client.register_script(_LUA_CHARGE)
         self._state = client.register_script(_LUA_STATE)
+        self._hold = client.register_script(_LUA_HOLD)
         self._aclient = async_client
         if async_client is not None:
             self._aacquire = async_client.register_script(_LUA_ACQUIRE)
@@ -680,6 +399,7 @@ class RedisLeaseGate:
             self._reconcile()
             res = self._acquire(keys=self._keys, args=args)
         except _redis_errors() as err:
+            self._failed()
             return self._check_locally(request.request_id, request.tenant, ent, tok, kv, err)
         return self._decided(request, tok, kv, res)
 
@@ -700,10 +420,12 @@ class RedisLeaseGate:
             return prepared
         ent, tok, kv, args = prepared
         try:
-            if self._local_ids or self._pending_release or self._pending_charge:
+            if self._outstanding():
                 await asyncio.to_thread(self._reconcile)
             res = await self._aacquire(keys=self._keys, args=args)
         except _redis_errors() as err:
+            self._failed()
+            await self._aclient.connection_pool.disconnect(inuse_connections=False)
             return self._check_locally(request.request_id, request.tenant, ent, tok, kv, err)
         return self._decided(request, tok, kv, res)
 
@@ -755,8 +477,13 @@ class RedisLeaseGate:
         ]
         return ent, tok, kv, args
 
+    def _seen(self) -> None:
+        """Redis answered: from now on a missing pool state means it was lost."""
+        self._common[15] = self._recovery
+
     def _decided(self, request: Request, tok: int, kv: int, res: Any) -> GateDecision:
         """The decision from the acquire script's answer ``res``."""
+        self._seen()
         rid = request.request_id
         status = int(res[0])
         if status == -1:
@@ -766,6 +493,10 @@ class RedisLeaseGate:
                 self._held[rid] = (request.tenant, tok, kv)
             return GateDecision(admitted=True)
         cfg = self._config
+        reason = _text(res[1])
+        if reason == "state-unavailable":  # the recovery window: its remaining seconds
+            wait = min(max(float(_text(res[2])), cfg.min_retry_s), cfg.max_retry_s)
+            return GateDecision(False, wait, reason)
         slots, need_kv, need_tok, inf, htok, hkv, drain = (float(_text(v)) for v in res[2:9])
         wait = retry_after(
             slots_needed=slots,
@@ -778,7 +509,7 @@ class RedisLeaseGate:
             min_s=cfg.min_retry_s,
             max_s=cfg.max_retry_s,
         )
-        return GateDecision(False, wait, _text(res[1]))
+        return GateDecision(False, wait, reason)
 
     def release(
         self,
@@ -805,8 +536,12 @@ class RedisLeaseGate:
         rid, actual, mine, clamped, args = prepared
         try:
             self._reconcile()
+            unadopted = self._release_unadopted(rid, mine, actual)
+            if unadopted is not None:
+                return unadopted
             res = self._release(keys=self._keys, args=args)
         except _redis_errors():
+            self._failed()
             return self._release_later(rid, actual, mine, clamped)
         return self._released(res, actual, clamped)
 
@@ -825,10 +560,15 @@ class RedisLeaseGate:
             return prepared
         rid, actual, mine, clamped, args = prepared
         try:
-            if self._local_ids or self._pending_release or self._pending_charge:
+            if self._outstanding():
                 await asyncio.to_thread(self._reconcile)
+            unadopted = self._release_unadopted(rid, mine, actual)
+            if unadopted is not None:
+                return unadopted
             res = await self._arelease(keys=self._keys, args=args)
         except _redis_errors():
+            self._failed()
+            await self._aclient.connection_pool.disconnect(inuse_connections=False)
             return self._release_later(rid, actual, mine, clamped)
         return self._released(res, actual, clamped)
 
@@ -844,6 +584,12 @@ class RedisLeaseGate:
         common = self._args(time)
         with self._lock:
             mine = self._held.pop(rid, None)
+            # Admitted here while Redis was away and not being adopted now: book it here.
+            # (One being adopted is released in Redis once the adoption is through.)
+            local = mine is not None and rid in self._local_ids and rid not in self._adopting
+            if local:
+                assert mine is not None
+                out = self._release_locally(rid, mine, actual)
         clamped = mine is not None and actual > mine[1]
         if clamped:
             _log.warning(
@@ -852,9 +598,21 @@ class RedisLeaseGate:
                 actual,
                 mine[1] if mine else 0,
             )
-        if mine is not None and rid in self._local_ids:
-            return self._release_locally(rid, mine, actual)
+        if local:
+            return out
         return rid, actual, mine, clamped, [*common, rid, actual, self._idle]
+
+    def _release_unadopted(
+        self, rid: str, mine: tuple[str, int, int] | None, actual: int
+    ) -> LeaseRelease | None:
+        """After a reconciliation: a lease admitted here whose adoption failed is booked
+        here (``None``: release it in Redis)."""
+        if mine is None:
+            return None
+        with self._lock:
+            if rid in self._local_ids:
+                return self._release_locally(rid, mine, actual)
+        return None
 
     def _release_later(
         self, rid: str, actual: int, mine: tuple[str, int, int] | None, clamped: bool
@@ -863,13 +621,15 @@ class RedisLeaseGate:
         if mine is None:
             return LeaseRelease(False, 0)
         with self._lock:
+            if rid in self._local_ids:  # admitted here and never adopted
+                return self._release_locally(rid, mine, actual)
             self._pending_release[rid] = actual
         tok = mine[1] if actual < 0 else min(actual, mine[1])
         return LeaseRelease(True, tok, clamped)
 
-    @staticmethod
-    def _released(res: Any, actual: int, clamped: bool) -> LeaseRelease:
+    def _released(self, res: Any, actual: int, clamped: bool) -> LeaseRelease:
         """The outcome from the release script's answer ``res``."""
+        self._seen()
         charged = int(_text(res[0]))
         if charged < 0:
             return LeaseRelease(False, 0)
@@ -891,10 +651,15 @@ class RedisLeaseGate:
             redis.exceptions.ConnectionError: Redis is still away (nothing is lost).
         """
         common = self._args(time)
-        self._reconcile()
-        with self._lock:
-            held = list(self._held.items())
-        res = self._renew(keys=self._keys, args=self._renew_args(common, held))
+        try:
+            self._reconcile()
+            with self._lock:  # the leases admitted here are adopted by _reconcile alone
+                held = [(r, v) for r, v in self._held.items() if r not in self._local_ids]
+            res = self._renew(keys=self._keys, args=self._renew_args(common, held))
+        except _redis_errors():
+            self._failed()
+            raise
+        self._seen()
         return int(res[0]), int(res[1]), int(res[2])
 
     # -- internals ---------------------------------------------------------------------
@@ -947,54 +712,87 @@ class RedisLeaseGate:
     def _check_locally(
         self, rid: str, tenant: str, ent: TokenEntitlement, tok: int, kv: int, err: Exception
     ) -> GateDecision:
+        """Admit on this replica alone while Redis is away: while the leases it holds of the
+        entitlement (admitted before the outage or during it) are under its allowance."""
         frac = self._outage.local_fraction.get(ent.service_class.name, 0.0)
         allowance = int(ent.baseline.concurrency * frac)
         with self._lock:
-            if self._local.get(tenant, 0) >= allowance:
+            mine = sum(1 for t, _, _ in self._held.values() if t == tenant)
+            if mine >= allowance:
                 _log.warning("redis unavailable (%s): %r denied", err, rid)
                 return GateDecision(False, self._config.min_retry_s * 20, "state-unavailable")
-            self._local[tenant] = self._local.get(tenant, 0) + 1
             self._local_ids.add(rid)
             self._held[rid] = (tenant, tok, kv)
         return GateDecision(admitted=True)
 
     def _release_locally(self, rid: str, mine: tuple[str, int, int], actual: int) -> LeaseRelease:
+        """Book the release of a lease Redis never saw (the caller holds ``_lock``)."""
         tenant, tok, _ = mine
         charged = tok if actual < 0 else min(actual, tok)
-        with self._lock:
-            self._local_ids.discard(rid)
-            self._local[tenant] -= 1
-            self._pending_charge[tenant] = self._pending_charge.get(tenant, 0) + charged
+        self._local_ids.discard(rid)
+        self._pending_charge[tenant] = self._pending_charge.get(tenant, 0) + charged
         return LeaseRelease(True, charged, actual > tok)
 
+    def _failed(self) -> None:
+        """Redis failed a call: reconcile when it answers, on fresh connections (those in
+        the pool may be to a server that is gone)."""
+        self._saw_outage = True
+        self._client.connection_pool.disconnect(inuse_connections=False)
+
+    def _outstanding(self) -> bool:
+        return bool(
+            self._saw_outage or self._local_ids or self._pending_release or self._pending_charge
+        )
+
     def _reconcile(self) -> None:
-        """Push what happened while Redis was away (raises while it still is)."""
-        if not (self._local_ids or self._pending_release or self._pending_charge):
+        """Push what happened while Redis was away (raises while it still is): open the
+        recovery window, adopt the leases admitted here, replay releases, charge tokens.
+
+        The one place where this happens, one caller at a time (``_reconciling``): each
+        lease is adopted once, each release replayed once, each token charged once.
+        """
+        if not self._outstanding():
             return
-        common = self._common
-        with self._lock:
-            adopt = [(r, self._held[r]) for r in self._local_ids if r in self._held]
-            releases = dict(self._pending_release)
-            charges = dict(self._pending_charge)
-        if adopt:
-            self._renew(keys=self._keys, args=self._renew_args(common, adopt))
+        with self._reconciling:
+            common = self._common
+            if self._saw_outage:
+                self._saw_outage = False
+                try:
+                    if any(f > 0 for f in self._outage.local_fraction.values()):
+                        # a replica may have admitted alone: let each push its leases
+                        self._hold(keys=self._keys, args=common)
+                except BaseException:
+                    self._saw_outage = True
+                    raise
             with self._lock:
-                for rid, (tenant, _, _) in adopt:
-                    self._local_ids.discard(rid)
-                    self._local[tenant] -= 1
-        for rid, actual in releases.items():
-            self._release(keys=self._keys, args=[*common, rid, actual, self._idle])
-            with self._lock:
-                self._pending_release.pop(rid, None)
-        for tenant, amount in charges.items():
-            ent = self.entitlement(tenant)
-            assert ent is not None
-            spec = self._spec(tenant, ent)
-            self._charge(keys=self._keys, args=[*common, self._idle, tenant, amount, spec])
-            with self._lock:
-                self._pending_charge[tenant] -= amount
-                if not self._pending_charge[tenant]:
-                    del self._pending_charge[tenant]
+                adopt = [(r, self._held[r]) for r in self._local_ids if r in self._held]
+                self._adopting = {r for r, _ in adopt}
+                releases = dict(self._pending_release)
+                charges = dict(self._pending_charge)
+            # Releases first: Redis then counts no finished request beside the adopted ones.
+            for rid, actual in releases.items():
+                self._release(keys=self._keys, args=[*common, rid, actual, self._idle])
+                with self._lock:
+                    self._pending_release.pop(rid, None)
+            try:
+                if adopt:
+                    self._renew(keys=self._keys, args=self._renew_args(common, adopt))
+                    with self._lock:
+                        self._local_ids.difference_update(self._adopting)
+            finally:
+                with self._lock:
+                    self._adopting = set()
+            for tenant, amount in charges.items():
+                ent = self.entitlement(tenant)
+                assert ent is not None
+                spec = self._spec(tenant, ent)
+                self._charge(keys=self._keys, args=[*common, self._idle, tenant, amount, spec])
+                with self._lock:
+                    left = self._pending_charge.get(tenant, 0) - amount
+                    if left:
+                        self._pending_charge[tenant] = left
+                    else:
+                        self._pending_charge.pop(tenant, None)
 
 
 def _redis_errors() -> tuple[type[Exception], ...]:

@@ -10,14 +10,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpolicy.kvmodel import ModelSpec
-from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool
+from kvpolicy.tenancy._entitlements import (
+    Resources,
+    TokenEntitlement,
+    TokenPool,
+    _short,
+    over_capacity,
+)
 from kvpolicy.tenancy._errors import ManifestError
 from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
 from kvpolicy.tenancy._lease import RedisLeaseGate
 from kvpolicy.tenancy._math import PriorityCoefficients
 from kvpolicy.tenancy._store import StateStore
 
-__all__ = ["dump_manifest", "load_gate", "load_lease_gate", "load_manifest"]
+__all__ = ["dump_manifest", "load_gate", "load_lease_gate", "load_manifest", "load_yaml"]
 
 _GIB = 2**30
 _RESOURCE_KEYS = frozenset({"tokens_per_s", "kv_bytes", "kv_cache_gib", "concurrency"})
@@ -38,17 +44,26 @@ _GATE_KEYS = _COEFFICIENT_KEYS | {
 
 
 def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if type(value) is dict:  # the common case, without an ABC check
+        return value
     if not isinstance(value, Mapping):
-        raise ManifestError(f"{where} must be a mapping: {value!r}")
+        raise ManifestError(f"{where} must be a mapping: {_short(value)}")
     return value
 
 
 def _keys(value: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
-    for key in value:
-        if key not in allowed:
-            raise ManifestError(
-                f"{where}: unknown key {key!r} (known: {', '.join(sorted(allowed))})"
-            )
+    unknown = value.keys() - allowed
+    if unknown:
+        key = sorted(map(str, unknown))[0]
+        raise ManifestError(
+            f"{where}: unknown key {_short(key)} (known: {', '.join(sorted(allowed))})"
+        )
+
+
+def _err(where: str, err: Exception) -> ManifestError:
+    """``err`` (a value's validation) under its path, at most 300 characters of it."""
+    text = str(err)
+    return ManifestError(f"{where}: {text if len(text) <= 300 else text[:297] + '...'}")
 
 
 def _require(value: Mapping[str, Any], key: str, where: str) -> Any:
@@ -57,7 +72,20 @@ def _require(value: Mapping[str, Any], key: str, where: str) -> Any:
     return value[key]
 
 
-def _resources(value: object, where: str) -> Resources:
+def _resources(value: object, where: str, seen: dict[Any, Resources] | None = None) -> Resources:
+    """``value`` as Resources; ``seen`` shares one object among equal ones (a large
+    manifest repeats a few baselines many times)."""
+    if seen is not None and isinstance(value, dict) and len(value) == 3:
+        try:
+            key = tuple(sorted(value.items()))
+            hash(key)
+        except TypeError:
+            key = None
+        if key is not None:
+            got = seen.get(key)
+            if got is None:
+                got = seen[key] = _resources(value, where)
+            return got
     m = _mapping(value, where)
     _keys(m, _RESOURCE_KEYS, where)
     if "kv_bytes" in m and "kv_cache_gib" in m:
@@ -65,9 +93,13 @@ def _resources(value: object, where: str) -> Resources:
     if "kv_cache_gib" in m:
         gib = m["kv_cache_gib"]
         if isinstance(gib, bool) or not isinstance(gib, int | float):
-            raise ManifestError(f"{where}.kv_cache_gib must be a number: {gib!r}")
-        if not (math.isfinite(gib) and gib > 0):
-            raise ManifestError(f"{where}.kv_cache_gib must be finite and > 0: {gib!r}")
+            raise ManifestError(f"{where}.kv_cache_gib must be a number: {_short(gib)}")
+        if not (isinstance(gib, float) or abs(gib) < 2**53) or not (
+            math.isfinite(gib) and 0 < gib <= 2**53 / _GIB
+        ):
+            raise ManifestError(
+                f"{where}.kv_cache_gib must be finite, > 0 and <= {2**53 / _GIB:g}: {_short(gib)}"
+            )
         kv: object = round(gib * _GIB)
     else:
         kv = _require(m, "kv_bytes", where)
@@ -78,26 +110,28 @@ def _resources(value: object, where: str) -> Resources:
             concurrency=_require(m, "concurrency", where),
         )
     except (TypeError, ValueError) as err:
-        raise ManifestError(f"{where}: {err}") from err
+        raise _err(where, err) from err
 
 
-def _entitlement(value: object, where: str) -> TokenEntitlement:
+def _entitlement(
+    value: object, where: str, seen: dict[Any, Resources] | None = None
+) -> TokenEntitlement:
     m = _mapping(value, where)
     _keys(m, _ENTITLEMENT_KEYS, where)
     kwargs: dict[str, Any] = {
         "tenant": _require(m, "tenant", where),
         "service_class": _require(m, "service_class", where),
-        "baseline": _resources(_require(m, "baseline", where), f"{where}.baseline"),
+        "baseline": _resources(_require(m, "baseline", where), f"{where}.baseline", seen),
     }
     if m.get("burst") is not None:
-        kwargs["burst"] = _resources(m["burst"], f"{where}.burst")
+        kwargs["burst"] = _resources(m["burst"], f"{where}.burst", seen)
     for key in ("slo_target_s", "max_output_tokens"):
         if key in m:
             kwargs[key] = m[key]
     try:
         return TokenEntitlement(**kwargs)
     except (TypeError, ValueError) as err:
-        raise ManifestError(f"{where}: {err}") from err
+        raise _err(where, err) from err
 
 
 def load_manifest(source: Mapping[str, Any] | str | os.PathLike[str]) -> TokenPool:
@@ -133,17 +167,22 @@ def load_manifest(source: Mapping[str, Any] | str | os.PathLike[str]) -> TokenPo
     capacity = _resources(_require(pool, "capacity", "pool"), "pool.capacity")
     raw = m.get("entitlements", [])
     if not isinstance(raw, list | tuple):
-        raise ManifestError(f"entitlements must be a list: {raw!r}")
-    ents = [_entitlement(e, f"entitlements[{i}]") for i, e in enumerate(raw)]
+        raise ManifestError(f"entitlements must be a list: {_short(raw)}")
+    seen: dict[Any, Resources] = {}
+    ents = [_entitlement(e, f"entitlements[{i}]", seen) for i, e in enumerate(raw)]
     default = _default(m)
     window = _config(m).window_s
     for i, ent in enumerate([*ents, *([default] if default else [])]):
         where = "default" if i == len(ents) else f"entitlements[{i}]"
         _check_fundable(ent, capacity, window, where)
+        try:
+            over_capacity(i, ent, capacity)
+        except ValueError as err:
+            raise ManifestError(str(err).replace(f"'entitlements[{i}]", f"'{where}")) from None
     try:
         return TokenPool(name=_require(pool, "name", "pool"), capacity=capacity, entitlements=ents)
     except (TypeError, ValueError) as err:
-        raise ManifestError(f"pool: {err}") from err
+        raise _err("pool", err) from err
 
 
 def _check_fundable(ent: TokenEntitlement, cap: Resources, window_s: float, where: str) -> None:
@@ -248,20 +287,56 @@ def _read(path: pathlib.Path) -> Any:
     if suffix == ".json":
         try:
             return json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ManifestError(f"manifest {str(path)!r} is not JSON: {err}") from err
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise ManifestError(f"manifest {str(path)!r} is not JSON: {_short(str(err))}") from err
     if suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError as err:
-            raise ManifestError(
-                "YAML manifests need PyYAML: pip install --find-links dist 'kvpolicy-tenancy[yaml]'"
-            ) from err
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ManifestError(f"manifest {str(path)!r} is not YAML: {err}") from err
+        return load_yaml(text, str(path))
     raise ManifestError(f"manifest must end in .json, .yaml or .yml: {str(path)!r}")
+
+
+def load_yaml(text: str, name: str = "<yaml>") -> Any:
+    """Parse YAML ``text`` (``name``: where it came from, for errors) with PyYAML's safe
+    loader (libyaml's when there is one), refusing aliases (an alias bomb expands
+    exponentially, and rendering it in an error takes gigabytes) and duplicate keys (which
+    YAML resolves silently, the last winning).
+
+    Raises:
+        ManifestError: PyYAML is missing, the text is not YAML, or it has an alias or a
+            duplicate key (named with its line); the message never renders the document.
+    """
+    try:
+        import yaml
+    except ImportError as err:
+        raise ManifestError(
+            "YAML needs PyYAML: pip install --find-links dist 'kvpolicy-tenancy[yaml]'"
+        ) from err
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class Loader(base):  # type: ignore[misc, valid-type]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, list | dict):
+                    where = key_node.start_mark
+                    raise ManifestError(f"manifest {name!r}: a key must be a scalar{where}")
+                if key in seen:
+                    raise ManifestError(
+                        f"manifest {name!r}: duplicate key {_short(key)}{key_node.start_mark}"
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    try:
+        if "*" in text:  # an alias is written *name: look for one only then
+            for event in yaml.parse(text, Loader=base):
+                if isinstance(event, yaml.AliasEvent):
+                    raise ManifestError(
+                        f"manifest {name!r}: YAML aliases are not allowed{event.start_mark}"
+                    )
+        return yaml.load(text, Loader=Loader)  # a safe loader, see above
+    except yaml.YAMLError as err:
+        raise ManifestError(f"manifest {name!r} is not YAML: {_short(str(err))}") from err
 
 
 def _dump_resources(r: Resources) -> dict[str, Any]:

@@ -47,6 +47,7 @@ class UpstreamReply(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
+        self._idle_since = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -58,6 +59,8 @@ class UpstreamReply(asyncio.Protocol):
         self._keep = False
         self._error: UpstreamError | None = None
         self._received = False
+        self._buffered = 0
+        self._paused = False
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -90,6 +93,10 @@ class UpstreamReply(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > _HIGH_WATER and not self._paused and self._transport is not None:
+            self._paused = True  # the reader is behind: let TCP hold the rest
+            self._transport.pause_reading()
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -134,10 +141,10 @@ class UpstreamReply(asyncio.Protocol):
         Raises:
             UpstreamError: the backend broke off; UpstreamTimeoutError: it was silent too long.
         """
-        await self._wait(lambda: self._done, self._owner.read_timeout_s)
-        body = b"".join(self._chunks)
-        self._chunks.clear()
-        return body
+        parts = []
+        while part := await self.chunk():
+            parts.append(part)
+        return b"".join(parts)
 
     async def chunk(self) -> bytes:
         """The body bytes received since the last call, waiting for some; ``b""`` at its end.
@@ -150,6 +157,11 @@ class UpstreamReply(asyncio.Protocol):
             return b""
         out = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
         self._chunks.clear()
+        self._buffered = 0
+        if self._paused:
+            self._paused = False
+            if self._transport is not None:
+                self._transport.resume_reading()
         return out
 
     def release(self) -> None:
@@ -157,6 +169,7 @@ class UpstreamReply(asyncio.Protocol):
         whole and the backend keeps it alive, closed otherwise."""
         if self._done and self._keep and self._error is None and self._transport is not None:
             self._reset()
+            self._idle_since = self._loop.time()
             self._owner._idle.append(self)
         else:
             self._keep = False
@@ -170,6 +183,9 @@ class UpstreamReply(asyncio.Protocol):
         if len(body) >= 65_536:
             self._transport.write(body)
         await self._wait(lambda: self._headers_done, timeout)
+
+
+_HIGH_WATER = 1 << 20  # bytes of an answer buffered before reading from the backend pauses
 
 
 def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
@@ -186,6 +202,9 @@ class Upstream:
         read_timeout_s: the longest silence while waiting for the answer's headers or for
             the next bytes of its body (long streams may run for as long as they keep
             sending).
+        idle_timeout_s: an idle kept-alive connection older than this is closed rather than
+            reused: shorter than the backend's own keep-alive timeout (uvicorn's and
+            vLLM's: 5 s), so that the backend does not close it as a request is sent.
 
     Raises:
         ValueError: ``base_url`` is not an ``http://`` URL with a host, or a timeout is not
@@ -193,7 +212,12 @@ class Upstream:
     """
 
     def __init__(
-        self, base_url: str, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 600.0,
+        idle_timeout_s: float = 4.0,
     ) -> None:
         """See the class docstring."""
         url = urllib.parse.urlsplit(base_url)
@@ -202,6 +226,7 @@ class Upstream:
         for name, value in (
             ("connect_timeout_s", connect_timeout_s),
             ("read_timeout_s", read_timeout_s),
+            ("idle_timeout_s", idle_timeout_s),
         ):
             if not value > 0:
                 raise ValueError(f"'{name}' must be > 0: {value!r}")
@@ -210,6 +235,7 @@ class Upstream:
         self.prefix = url.path.rstrip("/")
         self.connect_timeout_s = float(connect_timeout_s)
         self.read_timeout_s = float(read_timeout_s)
+        self.idle_timeout_s = float(idle_timeout_s)
         self._host_header = f"Host: {url.netloc}\r\n".encode()
         self._idle: list[UpstreamReply] = []
 
@@ -239,8 +265,11 @@ class Upstream:
 
         ``headers`` are more header lines, each ``b"Name: value\r\n"``.
 
-        A kept-alive connection that the backend closed before answering (it read nothing
-        of the request) is retried once on a new connection.
+        A request is never sent twice: a kept-alive connection that fails after the request
+        was written may have been read by the backend, so only a ``GET`` or ``HEAD`` is
+        retried on a new connection; anything else fails with :class:`UpstreamError`.
+        Idle connections that the backend closed, or older than ``idle_timeout_s``, are
+        never written to.
 
         Raises:
             UpstreamError: the backend is unreachable or broke off; UpstreamTimeoutError: it did
@@ -255,9 +284,14 @@ class Upstream:
                 f"Content-Length: {len(body)}\r\n\r\n".encode(),
             )
         )
+        stale = asyncio.get_running_loop().time() - self.idle_timeout_s
         while self._idle:
             reply = self._idle.pop()
             if reply._transport is None or reply._transport.is_closing():
+                continue
+            if reply._idle_since < stale:
+                reply.fail(UpstreamError("idle too long"))
+                reply.release()
                 continue
             try:
                 await reply._send(head, body, self.read_timeout_s)
@@ -267,9 +301,13 @@ class Upstream:
                 raise
             except UpstreamError:
                 reply.release()
-                if reply._received:
+                if reply._received or method not in ("GET", "HEAD"):
                     raise
-                # The backend had closed this idle connection: try a fresh one.
+                # Nothing to repeat by mistake: try a fresh connection.
+            except BaseException:  # cancelled: close it, the backend sees the request go
+                reply.fail(UpstreamError("request abandoned"))
+                reply.release()
+                raise
         reply = await self._connect()
         try:
             await reply._send(head, body, self.read_timeout_s)

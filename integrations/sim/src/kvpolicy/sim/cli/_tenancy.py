@@ -49,6 +49,13 @@ def group() -> None:
     "`kvpolicy kv plan`). 1 counts the pool's KV limits in tokens.",
 )
 @click.option("--model", "models", multiple=True, help="Models served (default: any).")
+@click.option(
+    "--admin-port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    help="Serve /metrics and /healthz without a key on 127.0.0.1:PORT (operators only). "
+    "On the public port they need KVPOLICY_ADMIN_KEY as a bearer key.",
+)
 def serve(
     config: str,
     backend: str,
@@ -58,13 +65,22 @@ def serve(
     port: int,
     bytes_per_token: int,
     models: tuple[str, ...],
+    admin_port: int | None,
 ) -> None:
-    """Run the OpenAI-compatible token-pool gateway in front of BACKEND."""
+    """Run the OpenAI-compatible token-pool gateway in front of BACKEND (every setting:
+    ``python -m kvpolicy.tenancy.gateway --help``)."""
     try:
-        import uvicorn
+        import os
 
         from kvpolicy.tenancy import load_lease_gate
-        from kvpolicy.tenancy.gateway import Admission, LocalGate, create_app, load_api_keys
+        from kvpolicy.tenancy.gateway import (
+            Admission,
+            LocalGate,
+            create_admin_app,
+            create_app,
+            load_api_keys,
+        )
+        from kvpolicy.tenancy.gateway import serve as serve_gateway
     except ImportError as err:
         raise click.ClickException(
             "the gateway needs its extra: "
@@ -78,11 +94,14 @@ def serve(
             gate = LocalGate(load_gate(config, bytes_per_token))
     except (ManifestError, ValueError) as err:
         raise click.ClickException(str(err)) from err
-    app = create_app(Admission(gate, keys, models=models or None), backend)
-    # No access log or proxy-header rewriting: the gateway uses neither, and each costs
-    # CPU on every request.
-    uvicorn.run(
-        app, host=host, port=port, log_level="warning", access_log=False, proxy_headers=False
+    admission = Admission(gate, keys, models=models or None)
+    app = create_app(admission, backend, admin_key=os.environ.get("KVPOLICY_ADMIN_KEY") or None)
+    serve_gateway(
+        app,
+        host=host,
+        port=port,
+        admin_app=create_admin_app(admission) if admin_port is not None else None,
+        admin_port=admin_port,
     )
 
 

@@ -1,12 +1,14 @@
 """The gateway's idea of the server's throughput, refreshed from the service observed.
 
 A token-pool gateway sized in shares of the server admits tokens at the rate the server was
-*estimated* to sustain (:func:`kvpolicy.sim.server_capacity`, from the workload's typical
-lengths). When the estimate is off — a trace whose lengths drift, prefix caching that makes
-prompts cheaper, a time model calibrated on another machine — the gateway either throttles
-work the server could take (429s, clients who give up) or lets a queue build at the server.
-Every ``window_s`` seconds of simulated time :class:`ThroughputRefresh` compares what the
-server served with the estimate and rescales the gate (kvmodel's ``ThroughputScalable``):
+*estimated* to sustain (the simulator's ``server_capacity``, from the workload's typical
+lengths; an operator's benchmark for a real fleet). When the estimate is off — a trace
+whose lengths drift, prefix caching that makes prompts cheaper, a time model calibrated on
+another machine — the gateway either throttles work the server could take (429s, clients
+who give up) or lets a queue build at the server.
+Every ``window_s`` seconds :class:`ThroughputRefresh` compares what the server served with
+the estimate and rescales the gate (kvmodel's ``ThroughputScalable``); the simulator's front
+door feeds it, and so does the gateway over an in-process gate:
 
 * **saturated** (the server was busy — requests waited, its batch was full, or an
   iteration used its whole token budget — for at least ``saturated_share`` of the window's
@@ -45,7 +47,7 @@ class RefreshConfig:
     """How often and how far the gateway's throughput estimate follows the server."""
 
     window_s: float = field(default=0.0, converter=float, validator=ge(0.0))
-    """Seconds of simulated time between two refreshes; 0 never refreshes."""
+    """Seconds (of simulated or wall time) between two refreshes; 0 never refreshes."""
     saturated_share: float = field(default=0.9, converter=float, validator=[gt(0.0), le(1.0)])
     """Share of a window's time the server must be busy (requests waiting, the batch full,
     or the token budget used up) for the window to count as saturated."""
