@@ -70,7 +70,10 @@ class TestExports:
         """Without torch, the MLP names raise ImportError naming the extra to install."""
         monkeypatch.setitem(sys.modules, "torch", None)
         monkeypatch.delitem(sys.modules, "kvpolicy.evict.predictors._mlp")
-        hint = r"needs torch: pip install --find-links dist 'kvpolicy-evict\[torch\]'"
+        hint = (
+            r"needs torch: pip install --find-links dist --extra-index-url "
+            r"https://download.pytorch.org/whl/cpu 'kvpolicy-evict\[torch\]'"
+        )
         with pytest.raises(ImportError, match=hint):
             predictors.LogitsMLPPredictor  # noqa: B018
 
