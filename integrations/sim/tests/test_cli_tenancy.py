@@ -77,7 +77,8 @@ def test_serve_answers_over_loopback() -> None:
     cmd += ["--config", str(TENANCY / "examples" / "pool.yaml")]
     cmd += ["--api-keys", str(TENANCY / "examples" / "api-keys.yaml")]
     cmd += ["--backend", f"http://127.0.0.1:{dead}", "--port", str(port)]
-    proc = subprocess.Popen(cmd, env={**os.environ, "KVPOLICY_ADMIN_KEY": "admin"})
+    env = {**os.environ, "KVPOLICY_ADMIN_KEY": "admin"}
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -103,4 +104,9 @@ def test_serve_answers_over_loopback() -> None:
         assert 'kvpolicy_in_flight{entitlement="spot-b"} 0.0' in metrics
     finally:
         proc.terminate()
-        proc.wait(10)
+        _, err = proc.communicate(timeout=10)
+    # Signs of life: where it listens, what it serves, where its state and admin pages are.
+    assert f"kvpolicy tenancy serve: http://127.0.0.1:{port} -> http://127.0.0.1:{dead}" in err
+    assert "API keys for" in err
+    assert "state in this process" in err
+    assert "/metrics and /healthz with KVPOLICY_ADMIN_KEY" in err

@@ -95,13 +95,50 @@ def serve(
     except (ManifestError, ValueError) as err:
         raise click.ClickException(str(err)) from err
     admission = Admission(gate, keys, models=models or None)
-    app = create_app(admission, backend, admin_key=os.environ.get("KVPOLICY_ADMIN_KEY") or None)
+    admin_key = os.environ.get("KVPOLICY_ADMIN_KEY") or None
+    app = create_app(admission, backend, admin_key=admin_key)
+    click.echo(
+        _banner(config, backend, host, port, keys, redis_url, admin_port, admin_key), err=True
+    )
     serve_gateway(
         app,
         host=host,
         port=port,
         admin_app=create_admin_app(admission) if admin_port is not None else None,
         admin_port=admin_port,
+    )
+
+
+def _banner(
+    config: str,
+    backend: str,
+    host: str,
+    port: int,
+    keys: dict[str, str],
+    redis_url: str | None,
+    admin_port: int | None,
+    admin_key: str | None,
+) -> str:
+    """What the gateway serves and where: printed once it is about to listen (a Redis
+    URL's password is not shown)."""
+    from urllib.parse import urlsplit
+
+    if redis_url:
+        u = urlsplit(redis_url)
+        where = f"{u.scheme}://{u.hostname}:{u.port or 6379}{u.path}"
+        state = f"leases in Redis at {where}"
+    else:
+        state = "state in this process (one replica)"
+    if admin_port is not None:
+        admin = f"/metrics and /healthz on http://127.0.0.1:{admin_port}"
+    elif admin_key:
+        admin = "/metrics and /healthz with KVPOLICY_ADMIN_KEY"
+    else:
+        admin = "/metrics and /healthz's load closed (set KVPOLICY_ADMIN_KEY or --admin-port)"
+    tenants = len(set(keys.values()))
+    return (
+        f"kvpolicy tenancy serve: http://{host}:{port} -> {backend}; manifest {config}, "
+        f"{len(keys)} API keys for {tenants} tenants; {state}; {admin}"
     )
 
 
