@@ -26,7 +26,7 @@ from kvpolicy.sim._config import (
     load_stack,
     stack_from_dict,
 )
-from kvpolicy.sim._engine import Engine, RunRecord
+from kvpolicy.sim._engine import Engine, RunRecord, Server
 from kvpolicy.sim._errors import ConfigError, SimError
 from kvpolicy.sim._metrics import Summary, TenantSummary, summarize
 from kvpolicy.sim._presets import STACK_PRESETS, get_stack
@@ -73,6 +73,7 @@ __all__ = [
     "RefreshConfig",
     "RunRecord",
     "SLOConfig",
+    "Server",
     "SimError",
     "SimResult",
     "Stack",

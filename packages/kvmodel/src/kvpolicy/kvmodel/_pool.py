@@ -261,6 +261,10 @@ class BlockPool:
         out, self._dropped[:] = list(self._dropped), []
         return out
 
+    def cached_hashes(self) -> frozenset[int]:
+        """Hashes of the blocks held in the prefix cache now (empty without prefix caching)."""
+        return frozenset(self._cached)
+
     def cached_prefix_blocks(self, prefix_hashes: Sequence[int]) -> int:
         """Leading blocks of ``prefix_hashes`` held in the prefix cache now (a pure query)."""
         if not self._prefix_caching:
