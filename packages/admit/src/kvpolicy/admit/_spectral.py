@@ -268,6 +268,7 @@ def min_stable_input_len(decode_lens: tuple[int, ...], mix: tuple[float, ...]) -
     order = np.argsort(near)[:32]
     # scipy.optimize takes ~0.7 s to import: only where a crossing is refined.
     from scipy.optimize import brentq
+
     best = crossing(math.pi)
     for j in changes[order]:
         theta = brentq(f_imag, thetas[j], thetas[j + 1], xtol=1e-15, rtol=1e-15)
