@@ -17,8 +17,11 @@ from kvpolicy.sim._config import (
     AttentionConfig,
     EngineConfig,
     EvictionConfig,
+    FleetConfig,
     GatewayConfig,
+    PolicyChoice,
     PreemptionConfig,
+    ReplicaSpec,
     SLOConfig,
     StackConfig,
     TiersConfig,
@@ -28,7 +31,20 @@ from kvpolicy.sim._config import (
 )
 from kvpolicy.sim._engine import Engine, RunRecord, Server
 from kvpolicy.sim._errors import ConfigError, SimError
-from kvpolicy.sim._metrics import Summary, TenantSummary, summarize
+from kvpolicy.sim._fleet import (
+    Fleet,
+    FleetRecord,
+    ReplicaRecord,
+    provisioning_delay,
+    summarize_fleet,
+)
+from kvpolicy.sim._metrics import (
+    FleetSummary,
+    ReplicaSummary,
+    Summary,
+    TenantSummary,
+    summarize,
+)
 from kvpolicy.sim._presets import STACK_PRESETS, get_stack
 from kvpolicy.sim._refresh import RefreshConfig, ThroughputRefresh, refresh_factor
 from kvpolicy.sim._report import (
@@ -42,6 +58,7 @@ from kvpolicy.sim._report import (
 from kvpolicy.sim._simulate import (
     SimResult,
     check_config,
+    fleet_parts,
     server_capacity,
     server_context,
     simulate,
@@ -68,9 +85,17 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EvictionConfig",
+    "Fleet",
+    "FleetConfig",
+    "FleetRecord",
+    "FleetSummary",
     "GatewayConfig",
+    "PolicyChoice",
     "PreemptionConfig",
     "RefreshConfig",
+    "ReplicaRecord",
+    "ReplicaSpec",
+    "ReplicaSummary",
     "RunRecord",
     "SLOConfig",
     "Server",
@@ -97,12 +122,14 @@ __all__ = [
     "fit_attention",
     "fit_error",
     "fit_timing",
+    "fleet_parts",
     "get_stack",
     "load_stack",
     "part_names",
     "plot_latency_cdf",
     "plot_memory",
     "plot_tenant_shares",
+    "provisioning_delay",
     "read_timing_csv",
     "refresh_factor",
     "results_json",
@@ -112,6 +139,7 @@ __all__ = [
     "simulate",
     "stack_from_dict",
     "summarize",
+    "summarize_fleet",
     "sweep",
     "unchanged_parameters",
     "what_happened",

@@ -453,16 +453,19 @@ class Server:
         batch.offload(step.now)
         return started, busy
 
-    def view(self, replica_id: str, *, draining: bool = False, age_s: float = 0.0) -> ReplicaView:
-        """What a router sees of this server now: its load, KV usage and the prefix blocks
-        resident in its GPU pool (the tiers below HBM are not reported)."""
+    def view(
+        self, replica_id: str, *, draining: bool = False, age_s: float = 0.0, queued: int = 0
+    ) -> ReplicaView:
+        """What a router sees of this server now: its load (``queued`` requests on their way
+        to it count as waiting), KV usage and the prefix blocks resident in its GPU pool (the
+        tiers below HBM are not reported)."""
         batch, pool = self._batch, self._pool
         free = pool.num_free_blocks
         tm = self._engine._timing
         return ReplicaView(
             replica_id=replica_id,
             running=len(batch.running),
-            waiting=len(batch.waiting) + len(batch.swapped),
+            waiting=len(batch.waiting) + len(batch.swapped) + queued,
             kv_usage=1.0 - free / pool.num_blocks,
             free_blocks=free,
             block_size=pool.block_size,
