@@ -44,6 +44,28 @@ class TestRun:
         runs = json.loads(out)["runs"]
         assert [r["stack"] for r in runs] == ["vllm/round-robin", "vllm/prefix-aware"]
 
+    def test_table_shows_each_replica(self) -> None:
+        """The table carries the fleet's rows, one set per replica."""
+        code, out = _invoke("sim", "run", *_ARGS, *_GPU, "--replicas", "2")
+        assert code == 0, out
+        lines = [line for line in out.splitlines() if "requests (in SLO)" in line]
+        assert [line.split()[1] for line in lines] == ["r0", "r1"]
+        assert "peak replicas" in out
+
+    def test_html_table_shows_each_replica(self) -> None:
+        """The HTML report's table carries the same rows."""
+        from kvpolicy.kvmodel import get_gpu, get_model
+        from kvpolicy.sim import FleetConfig, StackConfig, simulate
+        from kvpolicy.sim._report import _html_table
+        from kvpolicy.sim.workloads import get_workload
+
+        w = get_workload("multi-tenant", seed=0, num_requests=20)
+        cfg = StackConfig(fleet=FleetConfig(2))
+        result = simulate(w.requests, get_model("Llama-3-8B"), get_gpu("H100-SXM"), cfg)
+        page = _html_table([result])
+        assert "<th>r1 model on GPU</th><td>Llama-3-8B on H100-SXM</td>" in page
+        assert "<th>peak replicas</th><td>2</td>" in page
+
 
 class TestErrors:
     @pytest.mark.parametrize(

@@ -324,9 +324,9 @@ class FleetConfig:
     """Replicas serving at the start (with an autoscaler, its starting count)."""
     specs: tuple[ReplicaSpec, ...] = field(default=(), converter=_specs)
     """Model and GPU of the replicas, in turn (empty: the run's)."""
-    router: PolicyChoice = field(default="round-robin", converter=_choice)
+    router: PolicyChoice = field(default=PolicyChoice("round-robin"), converter=_choice)
     """Which replica serves each admitted request (``kvpolicy.routing``)."""
-    autoscaler: PolicyChoice = field(default="none", converter=_choice)
+    autoscaler: PolicyChoice = field(default=PolicyChoice("none"), converter=_choice)
     """How many replicas the fleet should have (``kvpolicy.autoscaling``; ``none``: fixed)."""
     min_replicas: int = _int(1, 1)
     """Fewest replicas an autoscaler may ask for."""
