@@ -332,4 +332,5 @@ class TestServer:
         assert (view.replica_id, view.running, view.waiting, view.draining) == ("a", 2, 0, True)
         assert view.free_blocks == 4096 // 16 - 3 - 2  # 48 and 32 prompt tokens
         assert view.resident("gpu") == frozenset({11, 12, 13})
+        assert server.view("a", among=(12, 99)).resident("gpu") == frozenset({12})
         assert (view.model, view.gpu) == ("Llama-3-8B", "H100-SXM")

@@ -454,11 +454,18 @@ class Server:
         return started, busy
 
     def view(
-        self, replica_id: str, *, draining: bool = False, age_s: float = 0.0, queued: int = 0
+        self,
+        replica_id: str,
+        *,
+        draining: bool = False,
+        age_s: float = 0.0,
+        queued: int = 0,
+        among: Sequence[int] | None = None,
     ) -> ReplicaView:
         """What a router sees of this server now: its load (``queued`` requests on their way
-        to it count as waiting), KV usage and the prefix blocks resident in its GPU pool (the
-        tiers below HBM are not reported)."""
+        to it count as waiting), KV usage and the prefix blocks resident in its GPU pool, all
+        of them or only those of ``among`` (the blocks of the request being routed, all a
+        router can match; the tiers below HBM are not reported)."""
         batch, pool = self._batch, self._pool
         free = pool.num_free_blocks
         tm = self._engine._timing
@@ -469,7 +476,7 @@ class Server:
             kv_usage=1.0 - free / pool.num_blocks,
             free_blocks=free,
             block_size=pool.block_size,
-            prefix_blocks={"gpu": pool.cached_hashes()},
+            prefix_blocks={"gpu": pool.cached_hashes(among)},
             draining=draining,
             signal_age_s=age_s,
             model=tm.model.name,

@@ -17,7 +17,10 @@ The router and the autoscaler see each replica as a :class:`~kvpolicy.kvmodel.Re
 observed ``signal_delay_s`` ago (a scrape's lag): views are snapshots taken after a
 replica's iterations, at most one per ``signal_delay_s / 8``, so the one a router gets is
 the last taken at or before ``now - signal_delay_s`` (its ``signal_age_s`` says how old it
-is). With no delay the router sees every replica as it is now.
+is). With no delay the router sees every replica as it is now, the requests placed on it
+included. A view's resident prefix blocks are those of the request being routed (all a
+router can match against it; the autoscaler's views carry none), which keeps a view as
+cheap as the prompt is long rather than the pool is large.
 
 With one replica and round-robin, the fleet runs exactly the single engine's iterations and
 its record is the engine's.
@@ -165,8 +168,10 @@ class _Replica:
         self.inbox: deque[tuple[float, int, Request]] = deque()
         """Requests routed to it that knocked after its clock: (time, index, request)."""
 
-    def view(self, now: float) -> ReplicaView:
-        return self.server.view(self.rid, draining=self.draining, queued=len(self.inbox))
+    def view(self, among: Sequence[int] | None = None) -> ReplicaView:
+        return self.server.view(
+            self.rid, draining=self.draining, queued=len(self.inbox), among=among
+        )
 
     def next_time(self) -> float:
         """When its next iteration starts: now if it has work, else its next request's
@@ -292,7 +297,7 @@ class _Run:
         self._replicas.append(r)
         self._peak = max(self._peak, sum(1 for x in self._replicas if x.down == math.inf))
         if up <= self._now and self._delay > 0:
-            r.history.append((up, r.view(up)))
+            r.history.append((up, r.view()))
         return r
 
     def _release(self, i: int, now: float) -> None:
@@ -309,44 +314,50 @@ class _Run:
         r.down = at
 
     # ------------------------------------------------------------------ views
-    def _observed(self, r: _Replica, now: float) -> ReplicaView:
+    def _observed(self, r: _Replica, now: float, among: Sequence[int]) -> ReplicaView:
+        """``r`` as seen at ``now``: as it was ``signal_delay_s`` ago (its last snapshot by
+        then), with the resident blocks among ``among`` (the routed request's)."""
         if self._delay == 0 or not r.history:
-            return r.view(now)
+            return r.view(among)
         seen = now - self._delay
         hist = r.history
         while len(hist) > 1 and hist[1][0] <= seen:
             hist.popleft()
         at, view = hist[0]
-        age = max(now - at, 0.0)
-        if view.draining != r.draining or view.signal_age_s != age:
-            view = evolve(view, draining=r.draining, signal_age_s=age)
-        return view
+        return evolve(
+            view,
+            draining=r.draining,
+            signal_age_s=max(now - at, 0.0),
+            prefix_blocks={"gpu": view.resident("gpu").intersection(among)},
+        )
 
     def _snapshot(self, r: _Replica) -> None:
         if self._delay == 0:
             return
         now = r.server.now
         if not r.history or now - r.history[-1][0] >= self._snap_every:
-            r.history.append((now, r.view(now)))
+            r.history.append((now, r.view()))
 
     # ------------------------------------------------------------------ routing
     def _dispatch(self, now: float) -> None:
         if not self._queue:
             return
         serving = self._serving()
-        views = [self._observed(r, now) for r in serving]
-        by_id = {r.rid: (j, r) for j, r in enumerate(serving)}
+        by_id = {r.rid: r for r in serving}
         engine0 = self._replicas[0].engine
         keep: list[int] = []
         knocked: list[float] = []
         router = self._fleet._router
         for i, at in zip(self._queue, self._knocked, strict=True):
             req = self._reqs[i]
+            hashes = engine0.hashes(req)
+            # Views per request: with no delay each counts the requests just placed.
+            views = [self._observed(r, now, hashes) for r in serving]
             rid = router.route(
                 RoutingRequest(
                     request_id=req.request_id,
                     prompt_len=max(req.prompt_len, 1),
-                    block_hashes=engine0.hashes(req),
+                    block_hashes=hashes,
                     label=req.tenant or "default",
                 ),
                 views,
@@ -355,20 +366,17 @@ class _Run:
                 keep.append(i)
                 knocked.append(at)
                 continue
-            hit = by_id.get(rid)
-            if hit is None or hit[1].draining:
+            r = by_id.get(rid)
+            if r is None or r.draining:
                 raise SimError(
                     f"router {type(router).__name__} placed request {req.request_id!r} on "
                     f"{rid!r}, not a serving replica of {sorted(by_id)}"
                 )
-            j, r = hit
             # It joins when its replica's clock reaches the time it knocked (a replica
             # started later joins it at its start).
             r.inbox.append((at, i, req))
             r.requests += 1
             self._assigned[i] = r.index
-            if self._delay == 0:
-                views[j] = r.view(now)  # the router's own placement is seen at once
         self._queue = keep
         self._knocked = knocked
 
@@ -384,7 +392,7 @@ class _Run:
         self._now = max(self._now, t)
         for r in self._replicas:
             if r.up == t and r.down == math.inf and not r.history and self._delay > 0:
-                r.history.append((t, r.view(t)))
+                r.history.append((t, r.view()))
         if t >= self._next_decision:
             self._decide(t)
             self._next_decision = t + self._cfg.decision_interval_s
@@ -402,9 +410,9 @@ class _Run:
         hits = self._rec.prefix_hit - self._window_hits
         view = FleetView(
             time=t,
-            up=[self._observed(r, t) for r in up],
+            up=[self._observed(r, t, ()) for r in up],
             provisioning=[r.rid for r in provisioning],
-            draining=[self._observed(r, t) for r in draining],
+            draining=[self._observed(r, t, ()) for r in draining],
             arrival_rate=entered / window,
             queued=len(self._queue),
             tokens_per_s=self._window_served_tokens / window,
