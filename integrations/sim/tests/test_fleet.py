@@ -131,6 +131,25 @@ class TestRouting:
             fleet.run(_requests(kit, 3))
 
 
+class TestHeterogeneous:
+    def test_each_replica_runs_its_spec(self) -> None:
+        """Replicas take the specs in turn, each priced at its own GPU's rate."""
+        w = get_workload("multi-tenant", seed=0, num_requests=30)
+        cfg = StackConfig(fleet=FleetConfig(3, specs=[{}, {"gpu": "L40S"}]))
+        out = simulate(w.requests, get_model("Llama-3-8B"), get_gpu("H100-SXM"), cfg)
+        assert out.fleet is not None
+        rows = out.fleet.replicas
+        assert [(r.model, r.gpu) for r in rows] == [
+            ("Llama-3-8B", "H100-SXM"),
+            ("Llama-3-8B", "L40S"),
+            ("Llama-3-8B", "H100-SXM"),
+        ]
+        assert [r.price_per_hour for r in rows] == [3.0, 1.0, 3.0]
+        assert out.summary.cost_usd == pytest.approx(
+            sum(r.price_per_hour * r.gpu_hours for r in rows)
+        )
+
+
 class TestAutoscaling:
     def test_a_new_replica_serves_after_its_provisioning_delay(
         self, kit: SimpleNamespace, tm: TimingModel
