@@ -248,6 +248,15 @@ class TestBadInput:
         with pytest.raises(ConfigError, match=r"fleet.specs\[1\]: no KV memory: Llama-3-70B"):
             check_config(_requests(kit, 3), get_model("Llama-3-8B"), get_gpu("H100-SXM"), cfg)
 
+    def test_sweep_parameters_reach_the_fleet(self) -> None:
+        """A sweep's fleet.replicas and fleet.router set the fleet; a bad count is named."""
+        from kvpolicy.sim import apply_params
+
+        cfg = apply_params(StackConfig(), {"fleet.replicas": 3, "fleet.router": "weighted"})
+        assert (cfg.fleet.replicas, cfg.fleet.router.name) == (3, "weighted")
+        with pytest.raises(ConfigError, match="'replicas' must be >= 1: 0"):
+            apply_params(StackConfig(), {"fleet.replicas": 0})
+
     def test_fleet_section_in_a_stack_file(self) -> None:
         """A stack's fleet section builds its router and autoscaler choices with params."""
         from kvpolicy.sim import stack_from_dict
