@@ -15,6 +15,11 @@ Figures (seconds of ``simulate``, wall-clock and CPU, workload loading excluded)
   overloaded one (the same at 3x its rate: the batch always full), n = 10^3 .. 10^5
   (10^3 .. 10^4 with ``--quick``); ``flatness[stack][workload]`` is the largest cost over
   the smallest (1.0 = perfectly flat).
+- ``fleet_cpu_us_per_request[n]``: CPU microseconds per simulated request of a fleet of
+  ``n`` replicas (vLLM-like stack, round-robin) serving ``fleet_requests_per_replica``
+  requests each of ``azure-conv-like`` at ``n`` times its rate (the same load per
+  replica), n = 1, 8, 64 (1, 8 with ``--quick``); ``fleet_ratio`` is the largest ``n``'s
+  cost over one replica's (issue 25 asks for at most 1.3 at 64).
 
 Run: ``python benchmarks/bench_sim.py [--quick] [--out DIR]``.
 """
@@ -28,7 +33,7 @@ from typing import Any
 from _harness import parse_args, write_result
 
 from kvpolicy.kvmodel import get_gpu, get_model
-from kvpolicy.sim import STACK_PRESETS, simulate
+from kvpolicy.sim import STACK_PRESETS, FleetConfig, simulate
 from kvpolicy.sim.workloads import get_workload, load_trace
 
 TRACE = (
@@ -114,7 +119,30 @@ def main() -> None:
             flatness[stack_name][load] = round(max(costs.values()) / min(costs.values()), 3)
     figures["cpu_us_per_request"] = per_request
     figures["flatness"] = flatness
+    figures.update(_fleet_scaling(args.quick))
     write_result("sim", figures, args.out)
+
+
+def _fleet_scaling(quick: bool, per_replica: int = 200) -> dict[str, Any]:
+    """CPU per request of fleets of 1..64 replicas at the same load per replica."""
+    import attrs
+
+    costs: dict[str, float] = {}
+    for n in (1, 8) if quick else (1, 8, 64):
+        w = get_workload("azure-conv-like", seed=0, num_requests=per_replica * n)
+        w = w.with_rate(n * w.mean_rate)
+        stack = STACK_PRESETS["vllm"]
+        if n > 1:
+            stack = attrs.evolve(stack, fleet=FleetConfig(n))
+        secs, cpu, _ = _time(w.requests, stack)
+        costs[str(n)] = round(1e6 * cpu / len(w.requests), 1)
+        print(f"fleet of {n:>2}: {len(w.requests):,} requests, {secs:.1f} s ({cpu:.1f} s CPU)")
+    largest = max(costs, key=int)
+    return {
+        "fleet_requests_per_replica": per_replica,
+        "fleet_cpu_us_per_request": costs,
+        "fleet_ratio": round(costs[largest] / costs["1"], 3),
+    }
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from kvpolicy.sim import (
     Stack,
     TimingModel,
 )
+from kvpolicy.sim._recorder import Recorder
 
 
 class TestSingleRequest:
@@ -285,3 +286,51 @@ class TestFinishSteps:
         assert rec.finish_step is not None
         assert rec.finish_step.tolist() == [10, 13]
         assert int(rec.finish_step.max()) == rec.iterations
+
+
+class TestServer:
+    def test_stepped_by_hand_equals_run(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """A server given each request at its arrival and stepped one iteration at a time
+        finishes every request at the times :meth:`Engine.run` gives."""
+        reqs = [kit.request(i, 40 + 7 * i, 6 + i, t=0.004 * i) for i in range(8)]
+        engine = Engine(tm, kit.engine(4096))
+        expected = engine.run(reqs)
+        tuple_reqs, _, rejected = engine.check_workload(reqs)
+        rec = Recorder(tuple_reqs, rejected)
+        released: list[int] = []
+        server = engine.server(rec, lambda i, now: released.append(i))
+        nxt = 0
+        while rec.done < len(reqs):
+            if server.idle:
+                server.advance_to(reqs[nxt].arrival_time)
+            while nxt < len(reqs) and reqs[nxt].arrival_time <= server.now:
+                server.accept(nxt, reqs[nxt])
+                nxt += 1
+            server.iterate(reqs[nxt].arrival_time if nxt < len(reqs) else math.inf)
+        got = server.record()
+        assert got.finish.tolist() == expected.finish.tolist()
+        assert got.first_token.tolist() == expected.first_token.tolist()
+        assert got.iterations == expected.iterations
+        assert sorted(released) == list(range(8))
+
+    def test_view_reports_load_and_resident_prefix(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """The view counts running and waiting requests and the prefix blocks in the pool."""
+        engine = Engine(tm, kit.engine(4096, block_size=16))
+        reqs = [
+            kit.request(0, 48, 4, prefix_hashes=(11, 12, 13), hash_block_size=16),
+            kit.request(1, 32, 4),
+        ]
+        tuple_reqs, _, rejected = engine.check_workload(reqs)
+        server = engine.server(Recorder(tuple_reqs, rejected), lambda i, now: None)
+        server.accept(0, reqs[0])
+        server.accept(1, reqs[1])
+        assert server.view("a").waiting == 2
+        assert server.iterate(math.inf) is not None
+        view = server.view("a", draining=True)
+        assert (view.replica_id, view.running, view.waiting, view.draining) == ("a", 2, 0, True)
+        assert view.free_blocks == 4096 // 16 - 3 - 2  # 48 and 32 prompt tokens
+        assert view.resident("gpu") == frozenset({11, 12, 13})
+        assert server.view("a", among=(12, 99)).resident("gpu") == frozenset({12})
+        assert (view.model, view.gpu) == ("Llama-3-8B", "H100-SXM")

@@ -246,6 +246,16 @@ class TestCachedPrefixBlocks:
         assert pool.cached_prefix_blocks([99, *hashes]) == 0
         assert pool.stats() == before
 
+    def test_cached_hashes_are_the_full_blocks_held(self) -> None:
+        """The cache holds the hashes of the full prompt blocks allocated (all, or those
+        among some asked for), none before."""
+        pool = make_pool(8, 4)
+        hashes = chain_block_hashes(list(range(12)), 4)
+        assert pool.cached_hashes() == frozenset()
+        assert pool.allocate("a", 8, hashes[:2]) is not None
+        assert pool.cached_hashes() == frozenset(hashes[:2])
+        assert pool.cached_hashes([hashes[1], hashes[2], 7]) == frozenset({hashes[1]})
+
     def test_zero_without_prefix_caching(self) -> None:
         """A pool without prefix caching never reports cached blocks."""
         pool = BlockPool(4, 4, enable_prefix_caching=False)

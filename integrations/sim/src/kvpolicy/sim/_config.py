@@ -11,14 +11,16 @@ A stack file is YAML with optional sections, each a component's own config::
     slo:       {ttft_s: 2.0, tpot_s: 0.1}
     timing:    {bandwidth_efficiency: 0.75, flops_efficiency: 0.55, overhead_s: 0.0005}
     attention: {file: my-fit.json}     # or {params: {sink_weight: 24.9, ...}}
+    fleet:     {replicas: 4, router: prefix-aware, autoscaler: {name: threshold, params: {}}}
 
 An unknown key anywhere is a :class:`ConfigError` naming the key and the keys allowed.
 """
 
 from __future__ import annotations
 
+import math
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -252,6 +254,110 @@ class SLOConfig:
     """Mean time per output token after the first, seconds."""
 
 
+def _non_negative_finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"'{attribute.name}' must be a finite number >= 0: {value!r}")
+
+
+@frozen
+class PolicyChoice:
+    """A policy of the fleet found by name (a router or an autoscaler) and its params."""
+
+    name: str = field(validator=instance_of(str))
+    """Entry-point name (``round-robin``, ``prefix-aware``, ``threshold``, ...)."""
+    params: dict[str, Any] = field(factory=dict, converter=_params)
+    """Keyword parameters of the policy."""
+
+
+def _choice(value: object) -> PolicyChoice:
+    """A policy given by name or as ``{name, params}``."""
+    if isinstance(value, PolicyChoice):
+        return value
+    if isinstance(value, str):
+        return PolicyChoice(value)
+    if isinstance(value, Mapping):
+        extra = sorted(set(map(str, value)) - {"name", "params"})
+        if extra:
+            raise ValueError(f"unknown key {extra[0]!r}; allowed: name, params")
+        if "name" not in value:
+            raise ValueError(f"a policy needs a 'name': {dict(value)!r}")
+        return PolicyChoice(value["name"], value.get("params") or {})
+    raise TypeError(f"must be a name or {{name, params}}: {value!r}")
+
+
+@frozen
+class ReplicaSpec:
+    """The model and GPU of some replicas of a heterogeneous fleet (preset names)."""
+
+    model: str | None = field(default=None, validator=optional(instance_of(str)))
+    """Model preset (None: the run's model)."""
+    gpu: str | None = field(default=None, validator=optional(instance_of(str)))
+    """GPU preset (None: the run's GPU)."""
+
+
+def _specs(value: object) -> tuple[ReplicaSpec, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise TypeError(f"'specs' must be a list of {{model, gpu}}: {value!r}")
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, ReplicaSpec):
+            out.append(item)
+        elif isinstance(item, Mapping):
+            extra = sorted(set(map(str, item)) - {"model", "gpu"})
+            if extra:
+                raise ValueError(f"'specs[{i}]': unknown key {extra[0]!r}; allowed: model, gpu")
+            out.append(ReplicaSpec(**item))
+        else:
+            raise TypeError(f"'specs[{i}]' must be a mapping {{model, gpu}}: {item!r}")
+    return tuple(out)
+
+
+@frozen
+class FleetConfig:
+    """A fleet of replicas of the engine behind one front door and one router.
+
+    Replica ``k`` (in start order) runs ``specs[k % len(specs)]``; without specs every
+    replica serves the run's model on its GPU.
+    """
+
+    replicas: int = _int(1, 1)
+    """Replicas serving at the start (with an autoscaler, its starting count)."""
+    specs: tuple[ReplicaSpec, ...] = field(default=(), converter=_specs)
+    """Model and GPU of the replicas, in turn (empty: the run's)."""
+    router: PolicyChoice = field(default=PolicyChoice("round-robin"), converter=_choice)
+    """Which replica serves each admitted request (``kvpolicy.routing``)."""
+    autoscaler: PolicyChoice = field(default=PolicyChoice("none"), converter=_choice)
+    """How many replicas the fleet should have (``kvpolicy.autoscaling``; ``none``: fixed)."""
+    min_replicas: int = _int(1, 1)
+    """Fewest replicas an autoscaler may ask for."""
+    max_replicas: int | None = field(default=None, validator=optional([instance_of(int), ge(1)]))
+    """Most replicas an autoscaler may ask for (None: no bound but the autoscaler's)."""
+    signal_delay_s: float = field(default=0.0, converter=float, validator=_non_negative_finite)
+    """Age of the replica views the router and the autoscaler see, seconds (a scrape's lag)."""
+    decision_interval_s: float = field(default=30.0, converter=float, validator=gt(0.0))
+    """Seconds between two decisions of the autoscaler."""
+    load_bandwidth: float = field(default=2e9, converter=float, validator=gt(0.0))
+    """Bytes per second at which a new replica loads its model's weights."""
+    startup_s: float = field(default=30.0, converter=float, validator=_non_negative_finite)
+    """Seconds a new replica takes to start besides loading its weights."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"'min_replicas' ({self.min_replicas}) must be <= 'max_replicas' "
+                f"({self.max_replicas})"
+            )
+        if self.autoscaler.name != "none":
+            if self.replicas < self.min_replicas:
+                raise ValueError(
+                    f"'replicas' ({self.replicas}) must be >= 'min_replicas' ({self.min_replicas})"
+                )
+            if self.max_replicas is not None and self.replicas > self.max_replicas:
+                raise ValueError(
+                    f"'replicas' ({self.replicas}) must be <= 'max_replicas' ({self.max_replicas})"
+                )
+
+
 @frozen
 class StackConfig:
     """A whole policy stack: engine limits, admission, eviction, preemption, SLO."""
@@ -282,6 +388,8 @@ class StackConfig:
         factory=AttentionConfig, validator=instance_of(AttentionConfig)
     )
     """Synthetic attention model for token eviction."""
+    fleet: FleetConfig = field(factory=FleetConfig, validator=instance_of(FleetConfig))
+    """Replicas, router and autoscaler (one replica: the single engine)."""
 
 
 _SECTIONS: dict[str, type] = {
@@ -294,6 +402,7 @@ _SECTIONS: dict[str, type] = {
     "tiers": TiersConfig,
     "timing": TimingConfig,
     "attention": AttentionConfig,
+    "fleet": FleetConfig,
 }
 
 

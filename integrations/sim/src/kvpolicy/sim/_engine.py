@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from kvpolicy.kvmodel import BlockPool, Request, rechunk_hashes
+from kvpolicy.kvmodel import BlockPool, ReplicaView, Request, rechunk_hashes
 from kvpolicy.sim._attention import AttentionModel
 from kvpolicy.sim._batch import Batch
 from kvpolicy.sim._config import (
@@ -50,7 +50,7 @@ from kvpolicy.sim._step import Step
 from kvpolicy.sim._timing import TimingModel
 from kvpolicy.tenancy import RefreshConfig
 
-__all__ = ["Engine", "RunRecord", "pool_capacity_tokens"]
+__all__ = ["Engine", "RunRecord", "Server", "pool_capacity_tokens"]
 
 ProgressFn = Callable[[int, int], None]
 
@@ -160,6 +160,16 @@ class Engine:
                 )
 
     @property
+    def timing(self) -> TimingModel:
+        """The roofline time model (its model and GPU)."""
+        return self._timing
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block."""
+        return self._cfg.block_size
+
+    @property
     def capacity_tokens(self) -> int:
         """KV pool size in tokens."""
         return self._capacity
@@ -193,7 +203,7 @@ class Engine:
             )
         return bad
 
-    def _hashes(self, request: Request) -> tuple[int, ...]:
+    def hashes(self, request: Request) -> tuple[int, ...]:
         """The request's prefix hashes at this engine's block size."""
         if not request.prefix_hashes:
             return ()
@@ -224,6 +234,21 @@ class Engine:
             ConfigError: no request fits at all, or prefix hashes of a granularity the
                 engine's block size is not a multiple of.
         """
+        reqs, arrivals, rejected = self.check_workload(requests)
+        return self._loop(reqs, arrivals, rejected, progress, max_time)
+
+    def check_workload(
+        self, requests: Sequence[Request]
+    ) -> tuple[tuple[Request, ...], NDArray[np.float64], NDArray[np.bool_]]:
+        """Check ``requests`` before a run: the workload as a tuple, its (n,) float64
+        arrival times and the (n,) bool requests that can never run on this engine.
+
+        Raises:
+            TypeError: an item is not a Request.
+            ValueError: ``requests`` is not sorted by arrival time or repeats an id.
+            ConfigError: no request fits at all, or prefix hashes of a granularity the
+                engine's block size is not a multiple of.
+        """
         reqs = tuple(requests)
         for r in reqs:
             if not isinstance(r, Request):
@@ -235,9 +260,8 @@ class Engine:
             raise ValueError("'requests' repeat a request_id")
         for r in reqs:
             if r.prefix_hashes and self._cfg.block_size % r.hash_block_size:
-                self._hashes(r)  # raises, naming the request and both sizes
-        rejected = self.check_fits(reqs)
-        return self._loop(reqs, arrivals, rejected, progress, max_time)
+                self.hashes(r)  # raises, naming the request and both sizes
+        return reqs, arrivals, self.check_fits(reqs)
 
     def too_long(self, requests: Sequence[Request]) -> NDArray[np.bool_]:
         """(n,) bool requests longer than the model's context (rejected whatever the pool)."""
@@ -252,98 +276,225 @@ class Engine:
         progress: ProgressFn | None,
         max_time: float | None,
     ) -> RunRecord:
-        cfg, tm, stack = self._cfg, self._timing, self._stack
         rec = Recorder(reqs, rejected, rejected & self.too_long(reqs))
-        pool = BlockPool(
-            self._capacity // cfg.block_size,
-            cfg.block_size,
-            enable_prefix_caching=cfg.prefix_caching,
-            record_dropped=stack.prefix_store is not None,
-        )
-        residency: Residency = KeepAll()
-        if stack.eviction is not None:
-            assert self._budget is not None
-            residency = Evicting(
-                stack.eviction, self._budget, self._ev_cfg, self._attention, self._seed, pool
-            )
-        batch = Batch(
-            cfg,
-            pool,
-            residency,
-            rec,
-            tm,
-            stack.admission,
-            stack.preemption,
-            self._pre_cfg,
-            stack.prefix_store,
-        )
-        door = FrontDoor(reqs, arrivals, rec, stack.gate, self._gw_cfg, self._refresh)
-        observer = batch.observer
-
-        def on_finish(s: Seq, now: float, iteration: int) -> None:
-            rec.finished(s.idx, now, iteration)
-            door.release(s.idx, now)
-            if observer is not None:
-                observer.observe_completion(s.req, now)
-
-        step = Step(cfg, tm, batch, residency, on_finish)
+        door = FrontDoor(reqs, arrivals, rec, self._stack.gate, self._gw_cfg, self._refresh)
+        server = self.server(rec, door.release)
         n = len(reqs)
         report_every = max(1, n // 200)
         last_report = -1
         if progress is not None:
             progress(0, n)
         while rec.done < n:
-            if max_time is not None and step.now > max_time:
+            if max_time is not None and server.now > max_time:
                 break
-            if batch.idle:
+            if server.idle:
                 nxt = door.next_event()
                 if nxt == np.inf:
                     break
-                step.now = max(step.now, nxt)
-            for i in door.arrive(step.now):
-                batch.waiting.append(Seq(i, reqs[i], self._hashes(reqs[i])))
-            preempted, budget, reserve = step.prepare()
-            if preempted:
-                budget = 0  # vLLM admits no new request in an iteration that preempts
-            batch.admit(step.now, step.step, budget, reserve)
-            if not batch.running:
-                if batch.waiting or batch.swapped:
-                    raise SimError(
-                        f"nothing runs at t={step.now:.3f}s with {len(batch.waiting)} waiting: "
-                        "the admission policy admitted none into an empty batch"
-                    )
+                server.advance_to(nxt)
+            for i in door.arrive(server.now):
+                server.accept(i, reqs[i])
+            ran = server.iterate(door.next_event())
+            if ran is None:
                 continue
-            started = step.now
-            step.run(door.next_event(), rec.first_output)
-            waiting = len(batch.waiting) + len(batch.swapped)
-            rec.sample(
-                step.now,
-                batch.used_tokens(),
-                residency.resident_now(batch.running),
-                len(batch.running),
-                waiting,
-            )
-            # Busy: requests wait, the batch is full, or the iteration used its whole token
-            # budget (compute-bound prefill).
-            busy = (
-                waiting > 0
-                or len(batch.running) >= cfg.max_batch
-                or step.last_tokens >= cfg.token_budget
-            )
-            door.server_iteration(started, step.now, busy)
-            batch.offload(step.now)
+            door.server_iteration(ran[0], server.now, ran[1])
             if progress is not None and rec.done // report_every != last_report:
                 last_report = rec.done // report_every
                 progress(rec.done, n)
         if progress is not None:
             progress(rec.done, n)
-        return rec.record(
-            capacity_tokens=self._capacity,
-            eviction_budget=self._budget,
-            bytes_per_token=tm.kv_bytes_per_token,
+        return server.record()
+
+    def server(self, recorder: Recorder, release: Callable[[int, float], None]) -> Server:
+        """A fresh, steppable server of this engine (its own pool, prefix cache, residency
+        and batch) that writes per-request times to ``recorder`` and calls
+        ``release(index, now)`` when a request finishes (the front door's gateway gets back
+        what the request held)."""
+        return Server(self, recorder, release)
+
+
+class Server:
+    """One engine's iteration loop, one iteration at a time, for a caller that owns the
+    clock of arrivals: :meth:`Engine.run` (one server) or a fleet of them.
+
+    The caller hands it requests (:meth:`accept`), moves an idle server's clock
+    (:meth:`advance_to`) and runs one iteration (:meth:`iterate`); the server reports what
+    it holds as a :class:`~kvpolicy.kvmodel.ReplicaView` (:meth:`view`).
+
+    Args:
+        engine: the engine whose limits, time model and policies it runs.
+        recorder: where per-request times and counters go (indexed like the workload).
+        release: called as ``release(index, now)`` when a request finishes.
+    """
+
+    def __init__(
+        self, engine: Engine, recorder: Recorder, release: Callable[[int, float], None]
+    ) -> None:
+        cfg, tm, stack = engine._cfg, engine._timing, engine._stack
+        self._engine = engine
+        self._rec = recorder
+        self._series: list[tuple[float, int, int, int, int]] = []
+        pool = BlockPool(
+            engine._capacity // cfg.block_size,
+            cfg.block_size,
+            enable_prefix_caching=cfg.prefix_caching,
+            record_dropped=stack.prefix_store is not None,
+        )
+        self._pool = pool
+        residency: Residency = KeepAll()
+        if stack.eviction is not None:
+            assert engine._budget is not None
+            residency = Evicting(
+                stack.eviction,
+                engine._budget,
+                engine._ev_cfg,
+                engine._attention,
+                engine._seed,
+                pool,
+            )
+        self._residency = residency
+        batch = Batch(
+            cfg,
+            pool,
+            residency,
+            recorder,
+            tm,
+            stack.admission,
+            stack.preemption,
+            engine._pre_cfg,
+            stack.prefix_store,
+        )
+        self._batch = batch
+        observer = batch.observer
+
+        def on_finish(s: Seq, now: float, iteration: int) -> None:
+            recorder.finished(s.idx, now, iteration)
+            release(s.idx, now)
+            if observer is not None:
+                observer.observe_completion(s.req, now)
+
+        self._step = Step(cfg, tm, batch, residency, on_finish)
+        self._max_batch = cfg.max_batch
+        self._token_budget = cfg.token_budget
+
+    @property
+    def now(self) -> float:
+        """The server's clock, seconds: the end of its last iteration (or later, idle)."""
+        return self._step.now
+
+    @property
+    def idle(self) -> bool:
+        """No request is running, waiting or swapped out."""
+        return self._batch.idle
+
+    @property
+    def outstanding(self) -> int:
+        """Requests on the server: running, waiting and swapped out."""
+        batch = self._batch
+        return len(batch.running) + len(batch.waiting) + len(batch.swapped)
+
+    @property
+    def peak_kv_tokens(self) -> int:
+        """Most KV slots held in used blocks at any sample so far."""
+        return max((p[1] for p in self._series), default=0)
+
+    def advance_to(self, time: float) -> None:
+        """An idle server's clock moves on to ``time`` (never back)."""
+        self._step.now = max(self._step.now, time)
+
+    def accept(self, index: int, request: Request) -> None:
+        """Request ``index`` of the workload joins the waiting queue."""
+        self._batch.waiting.append(Seq(index, request, self._engine.hashes(request)))
+
+    def iterate(self, next_event: float) -> tuple[float, bool] | None:
+        """Run one iteration (or a run of decode-only ones that ``next_event``, the next
+        arrival or retry, bounds) from :attr:`now`.
+
+        Returns:
+            ``(started, busy)``: when it started and whether requests waited, the batch was
+            full or it used its whole token budget; None when nothing could run (an empty
+            batch, nothing waiting).
+
+        Raises:
+            SimError: the admission policy admitted nothing into an empty batch while
+                requests wait.
+        """
+        batch, step = self._batch, self._step
+        preempted, budget, reserve = step.prepare()
+        if preempted:
+            budget = 0  # vLLM admits no new request in an iteration that preempts
+        batch.admit(step.now, step.step, budget, reserve)
+        if not batch.running:
+            if batch.waiting or batch.swapped:
+                raise SimError(
+                    f"nothing runs at t={step.now:.3f}s with {len(batch.waiting)} waiting: "
+                    "the admission policy admitted none into an empty batch"
+                )
+            return None
+        started = step.now
+        step.run(next_event, self._rec.first_output)
+        waiting = len(batch.waiting) + len(batch.swapped)
+        self._series.append(
+            (
+                step.now,
+                batch.used_tokens(),
+                self._residency.resident_now(batch.running),
+                len(batch.running),
+                waiting,
+            )
+        )
+        # Busy: requests wait, the batch is full, or the iteration used its whole token
+        # budget (compute-bound prefill).
+        busy = (
+            waiting > 0
+            or len(batch.running) >= self._max_batch
+            or step.last_tokens >= self._token_budget
+        )
+        batch.offload(step.now)
+        return started, busy
+
+    def view(
+        self,
+        replica_id: str,
+        *,
+        draining: bool = False,
+        age_s: float = 0.0,
+        queued: int = 0,
+        among: Sequence[int] | None = None,
+    ) -> ReplicaView:
+        """What a router sees of this server now: its load (``queued`` requests on their way
+        to it count as waiting), KV usage and the prefix blocks resident in its GPU pool, all
+        of them or only those of ``among`` (the blocks of the request being routed, all a
+        router can match; the tiers below HBM are not reported)."""
+        batch, pool = self._batch, self._pool
+        free = pool.num_free_blocks
+        tm = self._engine._timing
+        return ReplicaView(
+            replica_id=replica_id,
+            running=len(batch.running),
+            waiting=len(batch.waiting) + len(batch.swapped) + queued,
+            kv_usage=1.0 - free / pool.num_blocks,
+            free_blocks=free,
+            block_size=pool.block_size,
+            prefix_blocks={"gpu": pool.cached_hashes(among)},
+            draining=draining,
+            signal_age_s=age_s,
+            model=tm.model.name,
+            gpu=tm.gpu.name,
+        )
+
+    def record(self) -> RunRecord:
+        """The run so far as a :class:`RunRecord` (with the shared recorder's per-request
+        arrays and this server's own memory series)."""
+        engine, step, residency = self._engine, self._step, self._residency
+        return self._rec.record(
+            capacity_tokens=engine._capacity,
+            eviction_budget=engine._budget,
+            bytes_per_token=engine._timing.kv_bytes_per_token,
             iterations=step.step,
             end_time=step.now,
             evicted_tokens=residency.evicted,
             eviction_rounds=residency.rounds,
             attention_recall=residency.attention_recall,
+            series=self._series,
         )

@@ -75,9 +75,10 @@ class FrontDoor:
             t = self._retries[0][0]
         return t
 
-    def arrive(self, now: float) -> list[int]:
+    def arrive(self, now: float, times: list[float] | None = None) -> list[int]:
         """Indices of the requests that enter the server at ``now`` (arrivals, then
-        retries), in order."""
+        retries), in order; ``times`` gets, for each, when it knocked (its arrival or its
+        retry, at or before ``now``)."""
         entered: list[int] = []
         n = len(self._reqs)
         i = self._next
@@ -87,12 +88,16 @@ class FrontDoor:
                 self._rec.done += 1
             elif self._gate is None or self._knock(i, now):
                 entered.append(i)
+                if times is not None:
+                    times.append(float(self._arrivals[i]))
             i += 1
         self._next = i
         while self._retries and self._retries[0][0] <= now:
-            j = heapq.heappop(self._retries)[1]
+            at, j = heapq.heappop(self._retries)
             if self._knock(j, now):
                 entered.append(j)
+                if times is not None:
+                    times.append(at)
         return entered
 
     def _knock(self, i: int, now: float) -> bool:

@@ -55,6 +55,44 @@ class TenantSummary:
 
 
 @frozen
+class ReplicaSummary:
+    """One replica of a fleet run."""
+
+    replica_id: str
+    """Identifier (``r0``, ``r1``, ... in start order)."""
+    model: str
+    """Model served."""
+    gpu: str
+    """GPU name."""
+    start_s: float
+    """When it was asked for (its GPU counted from here)."""
+    up_s: float
+    """When it started serving (after its provisioning delay)."""
+    down_s: float
+    """When it stopped (drained, cancelled, or the end of the run)."""
+    requests: int
+    """Requests routed to it."""
+    slo_met: int
+    """Of them, finished within the latency targets."""
+    peak_kv_tokens: int
+    """Most KV slots it held in used blocks."""
+    gpu_hours: float
+    """Hours its GPU was held."""
+
+
+@frozen
+class FleetSummary:
+    """A fleet's own figures."""
+
+    gpu_hours: float
+    """GPU-hours of every replica, from start to stop."""
+    peak_replicas: int
+    """Most replicas holding a GPU at once."""
+    replicas: tuple[ReplicaSummary, ...]
+    """Every replica, in start order."""
+
+
+@frozen
 class Summary:
     """What one run achieved. Latencies are seconds; memory is tokens and bytes.
 
@@ -143,11 +181,19 @@ class Summary:
     """``cost_usd`` per thousand requests finished within the targets (NaN when none)."""
     tenants: tuple[TenantSummary, ...] = field()
     """Per-tenant figures, sorted by tenant name."""
+    fleet: FleetSummary | None = None
+    """A fleet's GPU-hours, peak replicas and replicas (None: one engine)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready dictionary (NaN becomes ``None``)."""
+        """JSON-ready dictionary (NaN becomes ``None``); a fleet's figures are top-level
+        keys ``gpu_hours``, ``peak_replicas`` and ``replicas``."""
         out = attrs.asdict(self, recurse=True)
         out["tenants"] = list(out["tenants"])
+        fleet = out.pop("fleet")
+        if fleet is not None:
+            out["gpu_hours"] = fleet["gpu_hours"]
+            out["peak_replicas"] = fleet["peak_replicas"]
+            out["replicas"] = list(fleet["replicas"])
         cleaned: dict[str, Any] = _clean(out)
         return cleaned
 

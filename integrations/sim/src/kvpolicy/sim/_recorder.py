@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from attrs import frozen
@@ -157,9 +158,12 @@ class Recorder:
         evicted_tokens: int,
         eviction_rounds: int,
         attention_recall: float,
+        series: Sequence[tuple[float, int, int, int, int]] | None = None,
     ) -> RunRecord:
-        """The finished :class:`RunRecord`."""
-        series = np.array(self._series, dtype=np.float64).reshape(-1, 5)
+        """The finished :class:`RunRecord`; ``series`` (time, KV slots, resident tokens,
+        running, waiting) replaces the points :meth:`sample` took."""
+        points = self._series if series is None else series
+        series_arr = np.array(points, dtype=np.float64).reshape(-1, 5)
         return RunRecord(
             requests=self.requests,
             first_token=self.first_token,
@@ -170,11 +174,11 @@ class Recorder:
             rejected_context=self.rejected_context,
             finish_step=self.finish_step,
             denial_reasons=dict(self.denial_reasons),
-            series_time=series[:, 0].copy(),
-            series_kv_tokens=series[:, 1].astype(np.int64),
-            series_resident=series[:, 2].astype(np.int64),
-            series_running=series[:, 3].astype(np.int64),
-            series_waiting=series[:, 4].astype(np.int64),
+            series_time=series_arr[:, 0].copy(),
+            series_kv_tokens=series_arr[:, 1].astype(np.int64),
+            series_resident=series_arr[:, 2].astype(np.int64),
+            series_running=series_arr[:, 3].astype(np.int64),
+            series_waiting=series_arr[:, 4].astype(np.int64),
             capacity_tokens=capacity_tokens,
             eviction_budget=eviction_budget,
             bytes_per_token=bytes_per_token,

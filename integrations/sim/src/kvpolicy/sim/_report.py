@@ -12,7 +12,7 @@ import json
 import math
 import pathlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvpolicy.sim._config import StackConfig
+from kvpolicy.sim._metrics import ReplicaSummary
 from kvpolicy.sim._simulate import SimResult
 from kvpolicy.sim._story import describe_stack, run_warnings, what_happened
 from kvpolicy.sim._sweep import SweepPoint
@@ -268,7 +269,42 @@ def comparison_table(results: Sequence[SimResult], title: str | None = None) -> 
             table.add_row(
                 f" {label}", *(_cell(r, key) for r in results), end_section=i == len(rows) - 1
             )
+    fleet = fleet_rows(results)
+    if fleet:
+        table.add_row("[bold]fleet[/]", *("" for _ in results))
+        for label, cells in fleet:
+            table.add_row(f" {label}", *cells)
     return table
+
+
+_REPLICA_ROWS: tuple[tuple[str, Callable[[ReplicaSummary], str]], ...] = (
+    ("requests (in SLO)", lambda x: f"{x.requests:,} ({x.slo_met:,})"),
+    ("model on GPU", lambda x: f"{x.model} on {x.gpu}"),
+    ("serving (s)", lambda x: f"{_fmt(x.up_s)}-{_fmt(x.down_s)}"),
+    ("peak KV (tokens)", lambda x: _fmt(x.peak_kv_tokens)),
+)
+"""Per replica of a fleet: the label of a row and its cell."""
+
+
+def fleet_rows(results: Sequence[SimResult]) -> list[tuple[str, tuple[str, ...]]]:
+    """Rows of the fleet figures, one cell per run ("-" for a run of one engine): GPU-hours,
+    peak replicas, then per replica its requests (those in SLO), model on GPU, serving time
+    and peak KV; empty when no run is a fleet."""
+    fleets = [r.summary.fleet for r in results]
+    if all(f is None for f in fleets):
+        return []
+    rows = [
+        ("GPU-hours", tuple("-" if f is None else _fmt(f.gpu_hours) for f in fleets)),
+        ("peak replicas", tuple("-" if f is None else _fmt(f.peak_replicas) for f in fleets)),
+    ]
+    by_id: list[dict[str, ReplicaSummary]] = [
+        {} if f is None else {x.replica_id: x for x in f.replicas} for f in fleets
+    ]
+    for rid in dict.fromkeys(rid for reps in by_id for rid in reps):
+        for label, cell in _REPLICA_ROWS:
+            values = tuple(cell(reps[rid]) if rid in reps else "-" for reps in by_id)
+            rows.append((f"{rid} {label}", values))
+    return rows
 
 
 _SWEEP_TABLES: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
@@ -554,6 +590,12 @@ def _html_table(results: Sequence[SimResult]) -> str:
             rows.append(
                 f'<tr><th title="{html.escape(meaning)}">{html.escape(label)}</th>{cells}</tr>'
             )
+    fleet = fleet_rows(results)
+    if fleet:
+        rows.append(f'<tr class="section"><th colspan="{len(results) + 1}">fleet</th></tr>')
+        for label, values in fleet:
+            cells = "".join(f"<td>{html.escape(v)}</td>" for v in values)
+            rows.append(f"<tr><th>{html.escape(label)}</th>{cells}</tr>")
     return f"<table><tr><th>figure</th>{head}</tr>{''.join(rows)}</table>"
 
 

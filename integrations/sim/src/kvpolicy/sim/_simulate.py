@@ -3,19 +3,51 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 from attrs import frozen
 
-from kvpolicy.kvmodel import GPUSpec, ModelSpec, Request, ServerContext
+from kvpolicy.kvmodel import (
+    AUTOSCALING,
+    ROUTING,
+    Autoscaler,
+    GPUSpec,
+    ModelSpec,
+    RegistryError,
+    Request,
+    Router,
+    ServerContext,
+    build,
+    get_gpu,
+    get_model,
+    names,
+)
 from kvpolicy.sim._attention import AttentionModel
-from kvpolicy.sim._config import EngineConfig, StackConfig
+from kvpolicy.sim._config import (
+    EngineConfig,
+    FleetConfig,
+    GatewayConfig,
+    PolicyChoice,
+    StackConfig,
+    TiersConfig,
+)
 from kvpolicy.sim._engine import Engine, ProgressFn, RunRecord, pool_capacity_tokens
+from kvpolicy.sim._errors import ConfigError
+from kvpolicy.sim._fleet import EngineFactory, Fleet, FleetRecord, summarize_fleet
 from kvpolicy.sim._metrics import Summary, summarize
 from kvpolicy.sim._stack import Stack, build_stack
 from kvpolicy.sim._timing import TimingModel
+from kvpolicy.tenancy import RefreshConfig
 
-__all__ = ["SimResult", "check_config", "server_capacity", "server_context", "simulate"]
+__all__ = [
+    "SimResult",
+    "check_config",
+    "fleet_parts",
+    "server_capacity",
+    "server_context",
+    "simulate",
+]
 
 
 @frozen(eq=False)
@@ -36,6 +68,8 @@ class SimResult:
     """The raw per-request times and time series (for plots)."""
     notes: tuple[str, ...] = ()
     """What the workload's loader noted (fallbacks, rows fixed or skipped, pooled clients)."""
+    fleet: FleetRecord | None = None
+    """The replicas of a fleet run (None: one engine)."""
 
 
 def server_capacity(
@@ -149,8 +183,118 @@ def check_config(
             an eviction budget below two iterations' tokens, or no request that fits at all.
     """
     reqs = tuple(requests)
+    if config.fleet != FleetConfig():
+        parts = fleet_parts(reqs, model, gpu, config, None, None, 0)
+        return int(parts[0](0).check_fits(reqs).sum())
     engine = _engine(reqs, model, gpu, config, None, None, None, 0)
     return int(engine.check_fits(reqs).sum())
+
+
+def _fleet_policy(field: str, group: Any, choice: PolicyChoice, context: ServerContext) -> Any:
+    known = names(group)
+    if choice.name not in known:
+        raise ConfigError(
+            f"{field}: unknown {group.kind} {choice.name!r}; known: {', '.join(known)}"
+        )
+    try:
+        return build(group, choice.name, choice.params, context=context)
+    except RegistryError as exc:
+        raise ConfigError(f"{field}: {exc}") from exc
+
+
+def _spec(field: str, value: str | None, default: Any, lookup: Any) -> Any:
+    if value is None:
+        return default
+    try:
+        return lookup(value)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"{field}: {exc}") from exc
+
+
+def fleet_parts(
+    requests: Sequence[Request],
+    model: ModelSpec,
+    gpu: GPUSpec,
+    cfg: StackConfig,
+    timing: TimingModel | None,
+    attention: AttentionModel | None,
+    seed: int,
+) -> tuple[EngineFactory, Router, Autoscaler | None, Stack]:
+    """What a fleet run of ``cfg.fleet`` is built from, checked before anything runs: the
+    engine of each replica (its own policies; the gateway is the fleet's), the router,
+    the autoscaler and the fleet's gateway (in a :class:`Stack`, ``gate`` alone).
+
+    Each distinct replica spec is built once here, so a model that does not fit its GPU,
+    an unknown preset, router or autoscaler (the known ones listed) is a
+    :class:`ConfigError` naming the field.
+    """
+    fleet = cfg.fleet
+    reqs = tuple(requests)
+    per_replica = attrs.evolve(cfg, gateway=GatewayConfig())
+    specs: list[tuple[ModelSpec, GPUSpec]] = []
+    for i, spec in enumerate(fleet.specs):
+        m = _spec(f"fleet.specs[{i}].model", spec.model, model, get_model)
+        g = _spec(f"fleet.specs[{i}].gpu", spec.gpu, gpu, get_gpu)
+        specs.append((m, g))
+
+    def engines(k: int) -> Engine:
+        if not specs:
+            return _engine(reqs, model, gpu, per_replica, None, timing, attention, seed)
+        m, g = specs[k % len(specs)]
+        try:
+            return _engine(reqs, m, g, per_replica, None, None, attention, seed)
+        except ConfigError as exc:
+            raise ConfigError(f"fleet.specs[{k % len(specs)}]: {exc}") from exc
+
+    for k in range(max(1, len(specs))):
+        engines(k)  # every spec fits its GPU, every policy builds
+    first = engines(0)
+    context = server_context(reqs, first.timing, cfg.engine)
+    router = _fleet_policy("fleet.router", ROUTING, fleet.router, context)
+    autoscaler = None
+    if fleet.autoscaler.name != "none":
+        autoscaler = _fleet_policy("fleet.autoscaler", AUTOSCALING, fleet.autoscaler, context)
+    gate = None
+    if cfg.gateway.name != "none":
+        # One gateway for the fleet, sized for the replicas it starts with.
+        n = fleet.replicas
+        scaled = attrs.evolve(
+            context,
+            kv_capacity_tokens=context.kv_capacity_tokens * n,
+            max_batch=context.max_batch * n,
+            tokens_per_s=context.tokens_per_s * n,
+        )
+        only_gate = attrs.evolve(StackConfig(), gateway=cfg.gateway, tiers=TiersConfig())
+        gate = build_stack(only_gate, scaled).gate
+    return engines, router, autoscaler, Stack(gate=gate)
+
+
+def _simulate_fleet(
+    reqs: tuple[Request, ...],
+    model: ModelSpec,
+    gpu: GPUSpec,
+    cfg: StackConfig,
+    timing: TimingModel | None,
+    attention: AttentionModel | None,
+    progress: ProgressFn | None,
+    seed: int,
+) -> tuple[FleetRecord, Summary]:
+    engines, router, autoscaler, front = fleet_parts(reqs, model, gpu, cfg, timing, attention, seed)
+    refresh = None
+    if cfg.gateway.refresh_s > 0:
+        refresh = RefreshConfig(
+            window_s=cfg.gateway.refresh_s, ttft_s=cfg.slo.ttft_s, tpot_s=cfg.slo.tpot_s
+        )
+    record = Fleet(
+        engines,
+        router,
+        cfg.fleet,
+        autoscaler=autoscaler,
+        gate=front.gate,
+        gateway_config=cfg.gateway,
+        refresh=refresh,
+    ).run(reqs, progress=progress)
+    return record, summarize_fleet(record, cfg.slo, gpu)
 
 
 def simulate(
@@ -169,6 +313,9 @@ def simulate(
 ) -> SimResult:
     """Serve ``requests`` on ``model``/``gpu`` with the policy stack ``config``.
 
+    A ``config`` whose ``fleet`` section differs from the default runs a fleet of
+    replicas (:class:`~kvpolicy.sim.Fleet`); the result then carries its replicas.
+
     Args:
         requests: the workload, sorted by arrival time.
         model: the model served.
@@ -176,7 +323,7 @@ def simulate(
         config: the stack; defaults to the engine's own mechanics only.
         workload_name: name shown in reports.
         stack: prebuilt policy objects, replacing those ``config`` names (for policies
-            that are not registered by name).
+            that are not registered by name; one engine only).
         timing: time model; defaults to :class:`TimingModel` of ``model`` and ``gpu``.
         attention: synthetic attention model for token eviction.
         progress: called as ``progress(done, total)``.
@@ -184,10 +331,25 @@ def simulate(
         notes: the workload's notes, carried into the result (and its reports).
 
     Raises:
-        ConfigError: an unknown policy, or no request fits in memory (before anything runs).
+        ConfigError: an unknown policy, router or autoscaler, a replica spec that does not
+            fit its GPU, or no request fits in memory (before anything runs).
     """
     cfg = config if config is not None else StackConfig()
     reqs = tuple(requests)
+    if cfg.fleet != FleetConfig():
+        if stack is not None:
+            raise ConfigError("'stack' (prebuilt policies) runs one engine, not a fleet")
+        fleet, summary = _simulate_fleet(reqs, model, gpu, cfg, timing, attention, progress, seed)
+        return SimResult(
+            stack=cfg.name,
+            workload=workload_name,
+            model=model.name,
+            gpu=gpu.name,
+            summary=summary,
+            record=fleet.record,
+            notes=tuple(notes),
+            fleet=fleet,
+        )
     engine = _engine(reqs, model, gpu, cfg, stack, timing, attention, seed)
     record = engine.run(reqs, progress=progress)
     return SimResult(

@@ -272,6 +272,14 @@ class BlockPool:
         out, self._dropped[:] = list(self._dropped), []
         return out
 
+    def cached_hashes(self, among: Iterable[int] | None = None) -> frozenset[int]:
+        """Hashes of the blocks held in the prefix cache now (empty without prefix caching),
+        or only those of ``among`` (a prompt's hashes: as cheap as the prompt is long)."""
+        if among is None:
+            return frozenset(self._cached)
+        cached = self._cached
+        return frozenset(h for h in among if h in cached)
+
     def cached_prefix_blocks(self, prefix_hashes: Sequence[int]) -> int:
         """Leading blocks of ``prefix_hashes`` held in the prefix cache now (a pure query)."""
         if not self._prefix_caching:

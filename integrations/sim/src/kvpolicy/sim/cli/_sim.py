@@ -70,6 +70,93 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--model", type=MODEL, required=True, help="The model served.")(f)
 
 
+def _fleet_options(many: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--replicas``, ``--router`` (repeatable when ``many``), ``--autoscaler``, its bounds
+    and ``--signal-delay``: a fleet in front of the stacks (their ``fleet:`` section
+    otherwise)."""
+
+    count = click.IntRange(min=1)
+    options: list[tuple[str, dict[str, Any]]] = [
+        ("--replicas", {"type": count, "help": "Replicas of the engine behind the router "
+                        "(a fleet).  [default: 1]"}),
+        ("--router", {"multiple": many, "help": "Router by name (kvpolicy.routing)"
+                      + ("; repeat to compare routers." if many else ".")
+                      + "  [default: round-robin]"}),
+        ("--autoscaler", {"help": "Autoscaler by name (kvpolicy.autoscaling); --replicas is "
+                          "its start."}),
+        ("--min-replicas", {"type": count, "help": "Fewest replicas the autoscaler may ask "
+                            "for.  [default: 1]"}),
+        ("--max-replicas", {"type": count, "help": "Most replicas the autoscaler may ask for."}),
+        ("--signal-delay", {"type": click.FloatRange(min=0.0), "help": "Seconds old the "
+                            "replica views the router sees are (a scrape's lag)."}),
+    ]  # fmt: skip
+
+    def add(f: Callable[..., Any]) -> Callable[..., Any]:
+        for flag, kw in reversed(options):
+            dest = ("routers",) if flag == "--router" and many else ()
+            f = click.option(flag, *dest, default=None, **kw)(f)
+        return f
+
+    return add
+
+
+def _check_name(flag: str, name: str | None, group: Any) -> None:
+    from kvpolicy.kvmodel import names
+
+    if name is None:
+        return
+    known = names(group)
+    if name not in known:
+        raise click.BadParameter(
+            f"unknown {group.kind} {name!r}; known: {', '.join(known)}", param_hint=flag
+        )
+
+
+def _with_fleet(cfg: Any, flags: _Fleet, router: str | None) -> Any:
+    """``cfg`` with the fleet the flags give behind ``router`` (flags not given keep its
+    ``fleet:``)."""
+    import attrs
+
+    from kvpolicy.sim import PolicyChoice
+
+    fleet = cfg.fleet
+    replicas, autoscaler, signal_delay = flags.replicas, flags.autoscaler, flags.signal_delay
+    min_replicas, max_replicas = flags.bounds
+    changes: dict[str, Any] = {}
+    if replicas is not None:
+        changes["replicas"] = replicas
+    if router is not None and router != fleet.router.name:
+        changes["router"] = PolicyChoice(router)
+    if autoscaler is not None and autoscaler != fleet.autoscaler.name:
+        changes["autoscaler"] = PolicyChoice(autoscaler)
+    if min_replicas is not None:
+        changes["min_replicas"] = min_replicas
+    if max_replicas is not None:
+        changes["max_replicas"] = max_replicas
+    if signal_delay is not None:
+        changes["signal_delay_s"] = signal_delay
+    if not changes:
+        return cfg
+    low = changes.get("min_replicas", fleet.min_replicas)
+    high = changes.get("max_replicas", fleet.max_replicas)
+    if high is not None and low > high:
+        raise click.BadParameter(
+            f"--min-replicas {low} is more than --max-replicas {high}",
+            param_hint="--min-replicas/--max-replicas",
+        )
+    name = changes.get("autoscaler", fleet.autoscaler).name
+    start = changes.get("replicas", fleet.replicas)
+    if name != "none" and not (low <= start and (high is None or start <= high)):
+        raise click.BadParameter(
+            f"--replicas {start} is outside [--min-replicas {low}, --max-replicas {high}]",
+            param_hint="--replicas",
+        )
+    try:
+        return attrs.evolve(cfg, fleet=attrs.evolve(fleet, **changes))
+    except (TypeError, ValueError) as exc:
+        raise click.UsageError(f"fleet: {exc}") from exc
+
+
 _STACK_HELP = (
     "A preset (vllm: vLLM's defaults; kvpolicy: every kvpolicy package) or a YAML stack file."
 )
@@ -154,6 +241,7 @@ def _emit(
     "--report", type=click.Path(path_type=pathlib.Path, file_okay=False), help=_REPORT_HELP
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@_fleet_options(many=False)
 def run(
     spec: WorkloadSpec,
     model: str,
@@ -162,9 +250,19 @@ def run(
     stack: str,
     report: pathlib.Path | None,
     as_json: bool,
+    replicas: int | None,
+    router: str | None,
+    autoscaler: str | None,
+    min_replicas: int | None,
+    max_replicas: int | None,
+    signal_delay: float | None,
 ) -> None:
-    """Simulate one policy stack on a workload or a trace."""
-    _compare_stacks((stack,), spec, model, gpu, report, as_json, tp)
+    """Simulate one policy stack on a workload or a trace (on a fleet of replicas with
+    --replicas, --router or --autoscaler)."""
+    fleet = _Fleet(
+        replicas, (router,) if router else (), autoscaler, min_replicas, max_replicas, signal_delay
+    )
+    _compare_stacks((stack,), spec, model, gpu, report, as_json, tp, fleet)
 
 
 @group.command("compare")
@@ -182,6 +280,7 @@ def run(
     "--report", type=click.Path(path_type=pathlib.Path, file_okay=False), help=_REPORT_HELP
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@_fleet_options(many=True)
 def compare(
     spec: WorkloadSpec,
     model: str,
@@ -190,9 +289,55 @@ def compare(
     stacks: tuple[str, ...],
     report: pathlib.Path | None,
     as_json: bool,
+    replicas: int | None,
+    routers: tuple[str, ...],
+    autoscaler: str | None,
+    min_replicas: int | None,
+    max_replicas: int | None,
+    signal_delay: float | None,
 ) -> None:
-    """Simulate several policy stacks on one workload, side by side."""
-    _compare_stacks(stacks, spec, model, gpu, report, as_json, tp)
+    """Simulate several policy stacks on one workload, side by side (each behind every
+    --router given, on a fleet of --replicas)."""
+    fleet = _Fleet(replicas, routers, autoscaler, min_replicas, max_replicas, signal_delay)
+    _compare_stacks(stacks, spec, model, gpu, report, as_json, tp, fleet)
+
+
+class _Fleet:
+    """The fleet flags of ``run`` and ``compare``."""
+
+    def __init__(
+        self,
+        replicas: int | None,
+        routers: tuple[str, ...],
+        autoscaler: str | None,
+        min_replicas: int | None,
+        max_replicas: int | None,
+        signal_delay: float | None,
+    ) -> None:
+        from kvpolicy.kvmodel import AUTOSCALING, ROUTING
+
+        for name in routers:
+            _check_name("--router", name, ROUTING)
+        _check_name("--autoscaler", autoscaler, AUTOSCALING)
+        self.replicas = replicas
+        self.routers = routers
+        self.autoscaler = autoscaler
+        self.bounds = (min_replicas, max_replicas)
+        self.signal_delay = signal_delay
+
+    def apply(self, cfg: Any) -> list[Any]:
+        """``cfg`` behind each router (its own fleet when no flag is given); a stack run
+        behind several routers is named ``stack/router``."""
+        import attrs
+
+        routers: tuple[str | None, ...] = self.routers or (None,)
+        out = []
+        for router in routers:
+            one = _with_fleet(cfg, self, router)
+            if len(routers) > 1:
+                one = attrs.evolve(one, name=f"{cfg.name}/{router}")
+            out.append(one)
+        return out
 
 
 def _compare_stacks(
@@ -203,6 +348,7 @@ def _compare_stacks(
     report: pathlib.Path | None,
     as_json: bool,
     tp: int | None = None,
+    fleet: _Fleet | None = None,
 ) -> None:
     """Load the workload once, simulate each stack on it, then print and report."""
     from kvpolicy.sim import get_stack
@@ -213,6 +359,8 @@ def _compare_stacks(
         cfgs = [_with_tp(get_stack(s), tp) for s in stacks]
     except _ERRORS as exc:
         raise click.BadParameter(str(exc), param_hint="'--stack'") from exc
+    if fleet is not None:
+        cfgs = [one for cfg in cfgs for one in fleet.apply(cfg)]
     # Prefix hashes at the finest block size of the stacks; each engine re-chunks them.
     w = spec.load(math.gcd(*(c.engine.block_size for c in cfgs)))
     try:

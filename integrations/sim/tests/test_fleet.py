@@ -1,0 +1,278 @@
+"""The fleet: replicas of the engine behind one router, advanced in time order in one loop."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from types import SimpleNamespace
+
+import attrs
+import numpy as np
+import pytest
+
+from kvpolicy.admit import RoundRobinRouter, StaticAutoscaler
+from kvpolicy.kvmodel import ReplicaView, Request, RoutingRequest, get_gpu, get_model
+from kvpolicy.sim import (
+    STACK_PRESETS,
+    ConfigError,
+    Engine,
+    Fleet,
+    FleetConfig,
+    ReplicaSpec,
+    SimError,
+    StackConfig,
+    TimingModel,
+    check_config,
+    provisioning_delay,
+    simulate,
+)
+from kvpolicy.sim.workloads import get_workload
+
+FLEET_KEYS = ("gpu_hours", "peak_replicas", "replicas")
+
+
+def _requests(kit: SimpleNamespace, n: int, gap: float = 0.002) -> list[Request]:
+    return [kit.request(i, 64 + 13 * (i % 7), 8 + i % 5, t=gap * i) for i in range(n)]
+
+
+class _Recording:
+    """Round-robin that keeps every list of views it was shown."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[ReplicaView, ...]] = []
+        self._inner = RoundRobinRouter()
+
+    def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
+        self.seen.append(tuple(replicas))
+        return self._inner.route(request, replicas)
+
+
+class TestOneReplica:
+    @pytest.mark.parametrize("preset", ["vllm", "kvpolicy"])
+    def test_equals_the_single_engine(self, preset: str) -> None:
+        """One replica behind round-robin gives the engine's record and summary exactly
+        (the demo's stacks, the kvpolicy one with its gateway); the fleet only adds its
+        own keys."""
+        w = get_workload("multi-tenant", seed=0, num_requests=120)
+        m, g = get_model("Llama-3-8B"), get_gpu("L40S")
+        cfg = STACK_PRESETS[preset]
+        one = simulate(w.requests, m, g, cfg, seed=0)
+        fleet_cfg = attrs.evolve(cfg, fleet=FleetConfig(replicas=1, startup_s=1.0))
+        fleet = simulate(w.requests, m, g, fleet_cfg, seed=0)
+        assert fleet.fleet is not None
+        got = fleet.summary.as_dict()
+        extra = {k: got.pop(k) for k in FLEET_KEYS}
+        assert json.dumps(got, sort_keys=True) == json.dumps(one.summary.as_dict(), sort_keys=True)
+        assert fleet.record.finish.tobytes() == one.record.finish.tobytes()
+        assert fleet.record.series_kv_tokens.tolist() == one.record.series_kv_tokens.tolist()
+        assert extra["peak_replicas"] == 1
+        assert [r["requests"] for r in extra["replicas"]] == [
+            int(np.isfinite(one.record.finish).sum())
+        ]
+
+
+class TestRouting:
+    def test_round_robin_spreads_and_loses_nothing(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """Three replicas take requests in turn; every request finishes exactly once."""
+        reqs = _requests(kit, 30)
+        fleet = Fleet(lambda k: Engine(tm, kit.engine(4096)), RoundRobinRouter(), FleetConfig(3))
+        out = fleet.run(reqs)
+        assert out.assignment.tolist() == [i % 3 for i in range(30)]
+        assert [r.requests for r in out.replicas] == [10, 10, 10]
+        assert np.isfinite(out.record.finish).all()
+        assert out.peak_replicas == 3
+
+    def test_replicas_serve_like_engines_given_their_share(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """Each replica finishes its requests at the times one engine serving only those
+        requests gives (replicas share nothing but the front door)."""
+        reqs = _requests(kit, 24)
+        out = Fleet(lambda k: Engine(tm, kit.engine(4096)), RoundRobinRouter(), FleetConfig(2)).run(
+            reqs
+        )
+        for k in range(2):
+            mine = [r for i, r in enumerate(reqs) if i % 2 == k]
+            alone = Engine(tm, kit.engine(4096)).run(mine)
+            assert out.record.finish[k::2].tolist() == alone.finish.tolist()
+
+    def test_views_are_as_old_as_the_delay(self, kit: SimpleNamespace, tm: TimingModel) -> None:
+        """With a signal delay every view a router sees is at least that old; without one,
+        every view is fresh."""
+        reqs = _requests(kit, 40, gap=0.01)
+        for delay in (0.0, 0.05):
+            router = _Recording()
+            Fleet(
+                lambda k: Engine(tm, kit.engine(4096)),
+                router,
+                FleetConfig(2, signal_delay_s=delay),
+            ).run(reqs)
+            ages = [v.signal_age_s for views in router.seen for v in views]
+            assert len(router.seen) == 40
+            if delay == 0:
+                assert set(ages) == {0.0}
+            else:
+                late = [a for views in router.seen[10:] for a in (v.signal_age_s for v in views)]
+                assert min(late) >= delay
+
+    def test_a_router_naming_no_replica_is_an_error(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """A router that answers an id outside the fleet stops the run, naming it."""
+
+        class Wrong:
+            def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str:
+                return "nowhere"
+
+        fleet = Fleet(lambda k: Engine(tm, kit.engine(4096)), Wrong(), FleetConfig(2))
+        with pytest.raises(SimError, match="'nowhere'"):
+            fleet.run(_requests(kit, 3))
+
+
+class TestHeterogeneous:
+    def test_each_replica_runs_its_spec(self) -> None:
+        """Replicas take the specs in turn, each priced at its own GPU's rate."""
+        w = get_workload("multi-tenant", seed=0, num_requests=30)
+        cfg = StackConfig(fleet=FleetConfig(3, specs=[{}, {"gpu": "L40S"}]))
+        out = simulate(w.requests, get_model("Llama-3-8B"), get_gpu("H100-SXM"), cfg)
+        assert out.fleet is not None
+        rows = out.fleet.replicas
+        assert [(r.model, r.gpu) for r in rows] == [
+            ("Llama-3-8B", "H100-SXM"),
+            ("Llama-3-8B", "L40S"),
+            ("Llama-3-8B", "H100-SXM"),
+        ]
+        assert [r.price_per_hour for r in rows] == [3.0, 1.0, 3.0]
+        assert out.summary.cost_usd == pytest.approx(
+            sum(r.price_per_hour * r.gpu_hours for r in rows)
+        )
+
+
+class TestAutoscaling:
+    def test_a_new_replica_serves_after_its_provisioning_delay(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """Asked for at the first decision, the second replica serves only once its weights
+        are loaded and it started; it is billed from the decision on."""
+        cfg = FleetConfig(
+            1,
+            autoscaler="static",
+            max_replicas=2,
+            decision_interval_s=0.1,
+            load_bandwidth=1e12,
+            startup_s=0.05,
+        )
+        reqs = _requests(kit, 200, gap=0.002)
+        out = Fleet(
+            lambda k: Engine(tm, kit.engine(4096)),
+            RoundRobinRouter(),
+            cfg,
+            autoscaler=StaticAutoscaler(2),
+        ).run(reqs)
+        first, second = out.replicas
+        delay = provisioning_delay(tm.model.weight_bytes(), 1e12, 0.05)
+        assert delay == pytest.approx(16_060_522_496 / 1e12 + 0.05)
+        assert second.start_s == pytest.approx(0.1)
+        assert second.up_s == pytest.approx(0.1 + delay)
+        placed = np.flatnonzero(out.assignment == 1)
+        assert placed.size == second.requests > 0
+        assert min(reqs[i].arrival_time for i in placed) >= second.up_s - 0.05
+        assert np.isfinite(out.record.finish).all()
+        assert out.gpu_hours == pytest.approx(
+            (first.down_s - first.start_s + second.down_s - second.start_s) / 3600
+        )
+
+    def test_scale_down_drains_without_losing_a_request(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """A drained replica takes no request after the decision, finishes those it has,
+        and stops when its last one finishes."""
+        cfg = FleetConfig(2, autoscaler="static", decision_interval_s=0.05)
+        reqs = _requests(kit, 120, gap=0.002)
+        out = Fleet(
+            lambda k: Engine(tm, kit.engine(4096)),
+            RoundRobinRouter(),
+            cfg,
+            autoscaler=StaticAutoscaler(1),
+        ).run(reqs)
+        assert np.isfinite(out.record.finish).all()
+        drained = [r for r in out.replicas if r.down_s < out.record.end_time]
+        assert len(drained) == 1
+        k = out.replicas.index(drained[0])
+        mine = out.assignment == k
+        assert max(reqs[i].arrival_time for i in np.flatnonzero(mine)) <= 0.05 + 0.01
+        assert drained[0].down_s == pytest.approx(float(np.max(out.record.finish[mine])))
+
+
+class TestBadInput:
+    def test_unknown_router_lists_the_known_ones(self, kit: SimpleNamespace) -> None:
+        """An unknown router names the field and lists the routers installed."""
+        cfg = StackConfig(fleet=FleetConfig(2, router="fastest"))
+        with pytest.raises(
+            ConfigError, match=r"fleet.router: unknown router 'fastest'.*round-robin"
+        ):
+            check_config(_requests(kit, 3), get_model("Llama-3-8B"), get_gpu("H100-SXM"), cfg)
+
+    def test_unknown_autoscaler_lists_the_known_ones(self, kit: SimpleNamespace) -> None:
+        """An unknown autoscaler names the field and lists the autoscalers installed."""
+        cfg = StackConfig(fleet=FleetConfig(2, autoscaler="magic"))
+        with pytest.raises(
+            ConfigError, match=r"fleet.autoscaler: unknown autoscaler 'magic'.*static"
+        ):
+            check_config(_requests(kit, 3), get_model("Llama-3-8B"), get_gpu("H100-SXM"), cfg)
+
+    @pytest.mark.parametrize(
+        ("kw", "message"),
+        [
+            ({"replicas": 0}, "'replicas' must be >= 1: 0"),
+            (
+                {"min_replicas": 3, "max_replicas": 2},
+                r"'min_replicas' \(3\) must be <= 'max_replicas' \(2\)",
+            ),
+            ({"signal_delay_s": -1.0}, "'signal_delay_s' must be a finite number >= 0: -1.0"),
+            ({"startup_s": -2.0}, "'startup_s' must be a finite number >= 0: -2.0"),
+        ],
+    )
+    def test_bad_values_name_the_field(self, kw: dict[str, object], message: str) -> None:
+        """A bad count, bounds or delay is a ValueError naming the field and the value."""
+        with pytest.raises(ValueError, match=message):
+            FleetConfig(**kw)  # type: ignore[arg-type]
+
+    def test_a_spec_that_does_not_fit_its_gpu_is_named(self, kit: SimpleNamespace) -> None:
+        """A replica spec whose model leaves no KV memory on its GPU names the spec."""
+        cfg = StackConfig(
+            fleet=FleetConfig(2, specs=[{}, {"model": "Llama-3-70B", "gpu": "A100-40GB"}])
+        )
+        with pytest.raises(ConfigError, match=r"fleet.specs\[1\]: no KV memory: Llama-3-70B"):
+            check_config(_requests(kit, 3), get_model("Llama-3-8B"), get_gpu("H100-SXM"), cfg)
+
+    def test_sweep_parameters_reach_the_fleet(self) -> None:
+        """A sweep's fleet.replicas and fleet.router set the fleet; a bad count is named."""
+        from kvpolicy.sim import apply_params
+
+        cfg = apply_params(StackConfig(), {"fleet.replicas": 3, "fleet.router": "weighted"})
+        assert (cfg.fleet.replicas, cfg.fleet.router.name) == (3, "weighted")
+        with pytest.raises(ConfigError, match="'replicas' must be >= 1: 0"):
+            apply_params(StackConfig(), {"fleet.replicas": 0})
+
+    def test_fleet_section_in_a_stack_file(self) -> None:
+        """A stack's fleet section builds its router and autoscaler choices with params."""
+        from kvpolicy.sim import stack_from_dict
+
+        cfg = stack_from_dict(
+            {
+                "fleet": {
+                    "replicas": 2,
+                    "router": {"name": "power-of-two", "params": {"seed": 3}},
+                    "autoscaler": "threshold",
+                    "max_replicas": 4,
+                }
+            }
+        )
+        assert (cfg.fleet.replicas, cfg.fleet.max_replicas) == (2, 4)
+        assert (cfg.fleet.router.name, cfg.fleet.router.params) == ("power-of-two", {"seed": 3})
+        assert cfg.fleet.autoscaler.name == "threshold"
+        assert cfg.fleet.specs == ()
+        assert ReplicaSpec("Qwen3-8B").gpu is None
