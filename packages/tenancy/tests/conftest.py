@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import socket
@@ -171,3 +172,11 @@ def redis_proc() -> Iterator[RedisProcess]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def closing() -> Iterator[contextlib.ExitStack]:
+    """Closes what a test hands it (clients, gates) when the test ends, pass or fail: an
+    unclosed socket found by the garbage collector during a later test fails that test."""
+    with contextlib.ExitStack() as stack:
+        yield stack

@@ -105,6 +105,7 @@ class _Redis:
             pool, BPT, url, namespace=ns, clock="request", config=config
         )
         self.gate._client.flushdb()
+        request.addfinalizer(self.gate.close)
 
     def check(self, req: Request, t: float) -> str:
         return self.gate.check(req, t).reason

@@ -4,6 +4,7 @@ OpenAI-shaped upstream server started here."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -146,8 +147,9 @@ def gateway(upstream: str) -> Iterator[tuple[str, Admission]]:
         yield url, adm
 
 
-def _client(url: str, key: str = "key-a") -> Any:
-    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+def _client(closing: contextlib.ExitStack, url: str, key: str = "key-a") -> Any:
+    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+    return closing.enter_context(client)
 
 
 def _drained(adm: Admission) -> None:
@@ -158,9 +160,11 @@ def _drained(adm: Admission) -> None:
 
 
 class TestGateway:
-    def test_chat_and_completion_round_trip(self, gateway: tuple[str, Admission]) -> None:
+    def test_chat_and_completion_round_trip(
+        self, closing: contextlib.ExitStack, gateway: tuple[str, Admission]
+    ) -> None:
         url, adm = gateway
-        client = _client(url)
+        client = _client(closing, url)
         chat = client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5
         )
@@ -173,9 +177,11 @@ class TestGateway:
         assert 'kvpolicy_admitted_total{entitlement="a"} 2.0' in metrics
         assert httpx.get(url + "/healthz").json()["status"] == "ok"
 
-    def test_streaming_counts_tokens(self, gateway: tuple[str, Admission]) -> None:
+    def test_streaming_counts_tokens(
+        self, closing: contextlib.ExitStack, gateway: tuple[str, Admission]
+    ) -> None:
         url, adm = gateway
-        stream = _client(url).chat.completions.create(
+        stream = _client(closing, url).chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True
         )
         parts = [c.choices[0].delta.content for c in stream]
@@ -185,17 +191,19 @@ class TestGateway:
         # 8 prompt tokens (3 priming the reply, 4 for the message, 1 of text) and 6 events
         assert 'kvpolicy_tokens_total{entitlement="a"} 14.0' in metrics
 
-    def test_bad_input(self, gateway: tuple[str, Admission]) -> None:
+    def test_bad_input(self, closing: contextlib.ExitStack, gateway: tuple[str, Admission]) -> None:
         url, adm = gateway
         msgs = [{"role": "user", "content": "hi"}]
         with pytest.raises(openai.AuthenticationError):
-            _client(url, "nope").chat.completions.create(model="m", messages=msgs)
+            _client(closing, url, "nope").chat.completions.create(model="m", messages=msgs)
         with pytest.raises(openai.PermissionDeniedError):
-            _client(url, "key-x").chat.completions.create(model="m", messages=msgs)
+            _client(closing, url, "key-x").chat.completions.create(model="m", messages=msgs)
         with pytest.raises(openai.NotFoundError):
-            _client(url).chat.completions.create(model="other", messages=msgs)
+            _client(closing, url).chat.completions.create(model="other", messages=msgs)
         with pytest.raises(openai.BadRequestError, match="can ever fund"):
-            _client(url).chat.completions.create(model="m", messages=msgs, max_tokens=10**6)
+            _client(closing, url).chat.completions.create(
+                model="m", messages=msgs, max_tokens=10**6
+            )
         auth = {"authorization": "Bearer key-a", "content-type": "application/json"}
         bad = httpx.post(url + "/v1/chat/completions", content=b"{nope", headers=auth)
         assert bad.status_code == 400
@@ -219,10 +227,12 @@ class TestGateway:
         assert nan.status_code == 400
         _drained(adm)
 
-    def test_429_with_retry_after(self, gateway: tuple[str, Admission]) -> None:
+    def test_429_with_retry_after(
+        self, closing: contextlib.ExitStack, gateway: tuple[str, Admission]
+    ) -> None:
         """``a`` may hold 2; a third request while two streams run is denied."""
         url, adm = gateway
-        client = _client(url)
+        client = _client(closing, url)
         msgs = [{"role": "user", "content": "hi"}]
         streams = [
             client.chat.completions.create(model="m", messages=msgs, max_tokens=20, stream=True)
@@ -238,10 +248,10 @@ class TestGateway:
         assert 'reason="concurrency"' in httpx.get(url + "/metrics", headers=ADMIN).text
 
     def test_disconnect_backend_error_and_timeout_release(
-        self, gateway: tuple[str, Admission]
+        self, closing: contextlib.ExitStack, gateway: tuple[str, Admission]
     ) -> None:
         url, adm = gateway
-        client = _client(url)
+        client = _client(closing, url)
         msgs = [{"role": "user", "content": "hi"}]
         stream = client.chat.completions.create(
             model="m", messages=msgs, max_tokens=50, stream=True
@@ -257,19 +267,22 @@ class TestGateway:
 
 
 class TestMiddleware:
-    def test_middleware_in_front_of_an_app(self, redis_proc: Any) -> None:
+    def test_middleware_in_front_of_an_app(
+        self, closing: contextlib.ExitStack, redis_proc: Any
+    ) -> None:
         """The middleware guards the upstream app itself, here over Redis leases."""
         gate = RedisLeaseGate.from_url(_pool(), 1, redis_proc.url, namespace="mw")
+        closing.callback(gate.close)
         adm = Admission(gate, KEYS)
         app = TokenPoolMiddleware(_upstream(), adm)
         with _Server(app) as url:
-            client = _client(url)
+            client = _client(closing, url)
             text = client.completions.create(model="m", prompt="hello", max_tokens=3)
             assert text.choices[0].text == "xxx"
             stream = client.completions.create(model="m", prompt="a", max_tokens=4, stream=True)
             assert "".join(c.choices[0].text for c in stream) == "xxxx"
             with pytest.raises(openai.AuthenticationError):
-                _client(url, "nope").completions.create(model="m", prompt="a")
+                _client(closing, url, "nope").completions.create(model="m", prompt="a")
             assert next(m.id for m in client.models.list()) == "m"
         assert gate.usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
         # Debt and priority come back from Redis with each release (eqs. 1-2).
@@ -280,24 +293,28 @@ class TestMiddleware:
 
 
 class TestReplicaGateways:
-    def test_two_gateways_share_one_limit_over_redis(self, upstream: str, redis_proc: Any) -> None:
+    def test_two_gateways_share_one_limit_over_redis(
+        self, closing: contextlib.ExitStack, upstream: str, redis_proc: Any
+    ) -> None:
         """``a`` may hold 2 in all: one stream through each gateway fills it, a third request
         to either is denied, and every counter returns to 0."""
         gates = [
             RedisLeaseGate.from_url(_pool(), 1, redis_proc.url, namespace="two") for _ in range(2)
         ]
+        for g in gates:
+            closing.callback(g.close)
         apps = [create_app(Admission(g, KEYS), upstream, renew_interval_s=0.2) for g in gates]
         with _Server(apps[0]) as url0, _Server(apps[1]) as url1:
             msgs = [{"role": "user", "content": "hi"}]
             streams = [
-                _client(u).chat.completions.create(
+                _client(closing, u).chat.completions.create(
                     model="m", messages=msgs, max_tokens=20, stream=True
                 )
                 for u in (url0, url1)
             ]
             for u in (url0, url1):
                 with pytest.raises(openai.RateLimitError):
-                    _client(u).chat.completions.create(model="m", messages=msgs)
+                    _client(closing, u).chat.completions.create(model="m", messages=msgs)
             assert gates[0].usage("a")["in_flight"] == 2
             for s in streams:
                 s.close()
@@ -350,7 +367,9 @@ class TestCharging:
     """What is booked is what the backend will honour, on both gates alike."""
 
     @pytest.mark.parametrize("kind", ["local", "redis"])
-    def test_max_tokens_is_charged_on_both_paths(self, kind: str, request: Any) -> None:
+    def test_max_tokens_is_charged_on_both_paths(
+        self, closing: contextlib.ExitStack, kind: str, request: Any
+    ) -> None:
         """Ten requests of ``max_tokens`` 4,000 against an 18,000-token bucket: 4 admitted
         (8 prompt tokens + 4,000 each), in process and over Redis alike."""
         if kind == "local":
@@ -358,6 +377,7 @@ class TestCharging:
         else:
             url = request.getfixturevalue("redis_proc").url
             gate = RedisLeaseGate.from_url(_budget_pool(), 1, url, namespace="budget")
+            closing.callback(gate.close)
 
         async def run() -> list[bool]:
             adm = Admission(gate, {"k": "b"})
@@ -481,11 +501,13 @@ class TestHostileInput:
             status = conn.recv(64).split(b" ")[1]
         assert status in (b"403", b"405")
 
-    def test_admin_pages_need_the_admin_key(self, gateway: tuple[str, Admission]) -> None:
+    def test_admin_pages_need_the_admin_key(
+        self, closing: contextlib.ExitStack, gateway: tuple[str, Admission]
+    ) -> None:
         """``/metrics`` answers 403 to a tenant's key and to none; ``/healthz`` says only
         ``ok`` without the admin key; a 429 names no other tenant."""
         url, _ = gateway
-        _client(url, "key-s").completions.create(model="m", prompt="hello", max_tokens=3)
+        _client(closing, url, "key-s").completions.create(model="m", prompt="hello", max_tokens=3)
         for headers in ({}, {"Authorization": "Bearer key-a"}):
             denied = httpx.get(url + "/metrics", headers=headers)
             assert denied.status_code == 403

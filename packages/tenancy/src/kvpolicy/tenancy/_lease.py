@@ -429,6 +429,10 @@ class RedisLeaseGate:
             return self._check_locally(request.request_id, request.tenant, ent, tok, kv, err)
         return self._decided(request, tok, kv, res)
 
+    def close(self) -> None:
+        """Close the blocking client's connections (it reconnects if used again)."""
+        self._client.close()
+
     async def aclose(self) -> None:
         """Close the asyncio client's connections (at the end of its event loop); it
         reconnects if used again."""
