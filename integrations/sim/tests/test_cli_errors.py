@@ -282,3 +282,13 @@ class TestEveryCommand:
         code, out, error = _run(*args)
         assert (error, code) == (None, 2)
         assert option in out
+
+
+def test_the_listed_help_is_each_commands_own() -> None:
+    """`kvpolicy --help` lists each command with its own docstring (kept in two places so
+    that listing imports nothing: this keeps them equal)."""
+    from kvpolicy.sim.cli import _COMMANDS, _load
+
+    for name, (_, _, listed) in _COMMANDS.items():
+        own = " ".join((_load(name).help or "").split("\n\n")[0].split())
+        assert listed == own, name
