@@ -1,4 +1,5 @@
-"""Start-up time of the ``kvpolicy`` command: ``--help`` at the top and of each group.
+"""Start-up time of the ``kvpolicy`` command: ``--help`` at the top, of each group and of one
+subcommand of each.
 
 Each command runs as a fresh process (what a user waits for), ``--help`` so that only the
 start-up is timed; the median of ``--runs`` (default 7) after one warm-up run that fills
@@ -20,6 +21,12 @@ from _harness import parse_args, write_result
 
 COMMANDS = [
     [],
+    ["kv"],
+    ["admit"],
+    ["tiers"],
+    ["tenancy"],
+    ["sim"],
+    ["evict"],
     ["kv", "plan"],
     ["admit", "analyze"],
     ["tiers", "reuse"],

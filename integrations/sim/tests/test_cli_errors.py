@@ -139,21 +139,32 @@ class TestOutputFiles:
 
 
 class TestStartup:
-    def test_help_imports_no_command_module(self) -> None:
-        """`kvpolicy --help` lists every command without importing one (nor scipy)."""
+    @pytest.mark.parametrize("group", [None, "admit", "evict", "kv", "sim", "tenancy", "tiers"])
+    def test_help_imports_no_command_module(self, group: str | None) -> None:
+        """`kvpolicy --help` lists every command, and `kvpolicy GROUP --help` every
+        subcommand, importing no command module and no library (only click and the light
+        ``kvpolicy.commands`` registrations)."""
+        argv = ["--help"] if group is None else [group, "--help"]
         code = (
             "import sys\n"
             "from click.testing import CliRunner\n"
-            "from kvpolicy.sim.cli import main\n"
-            "out = CliRunner().invoke(main, ['--help']).output\n"
-            "assert all(n in out for n in ('admit', 'demo', 'evict', 'kv', 'sim', 'tenancy',"
-            " 'tiers', 'vllm')), out\n"
-            "loaded = sorted(m for m in sys.modules if m.startswith('kvpolicy.sim.cli._')"
-            " or m.startswith('scipy'))\n"
+            "from kvpolicy.commands._main import main\n"
+            f"out = CliRunner().invoke(main, {argv!r}).output\n"
+            "assert 'Commands:' in out, out\n"
+            "loaded = sorted(m for m in sys.modules if (m.startswith('kvpolicy.')"
+            " and not m.startswith('kvpolicy.commands')) or m.split('.')[0] in"
+            " ('scipy', 'numpy', 'torch', 'rich', 'attrs'))\n"
             "assert loaded == [], loaded\n"
         )
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
+
+    def test_top_level_lists_every_installed_command(self) -> None:
+        """With every distribution installed, the listing has each one's commands."""
+        code, out, error = _run("--help")
+        assert (error, code) == (None, 0)
+        for name in ("admit", "demo", "evict", "kv", "sim", "tenancy", "tiers"):
+            assert f"  {name} " in out, name
 
     def test_sim_keeps_its_subcommands(self) -> None:
         """`kvpolicy sim --help` lists the commands kept in modules of their own."""
@@ -170,7 +181,7 @@ class TestPipedTables:
         from rich.console import Console
         from rich.table import Table
 
-        from kvpolicy.sim.cli._params import table_console
+        from kvpolicy.kvmodel.cli import table_console
 
         def table() -> Table:
             t = Table()
@@ -185,16 +196,6 @@ class TestPipedTables:
         out = capsys.readouterr().out
         assert "…" not in out
         assert "value 9 of the row" in out
-
-
-class TestVllmCrosscheck:
-    @pytest.mark.parametrize(("value", "why"), [("{bad", "not JSON"), ("[1]", "a JSON object")])
-    def test_kvpolicy_flag_is_named(self, value: str, why: str) -> None:
-        """A bad --kvpolicy is refused by name before vLLM is even looked for."""
-        code, out, error = _run("vllm", "crosscheck", "--kvpolicy", value)
-        assert (error, code) == (None, 2)
-        assert "--kvpolicy" in out
-        assert why in out
 
 
 def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -241,7 +242,7 @@ class TestEveryCommand:
     def test_the_walk_reaches_every_group(self) -> None:
         """The walk covers every command group (a command added later is walked too)."""
         groups = {path[0] for path, _ in _TYPED}
-        assert {"admit", "demo", "evict", "kv", "sim", "tenancy", "tiers", "vllm"} <= groups
+        assert {"admit", "demo", "evict", "kv", "sim", "tenancy", "tiers"} <= groups
         assert len(_TYPED) >= 40
 
     @pytest.mark.parametrize(
@@ -274,7 +275,6 @@ class TestEveryCommand:
               "--workload", "multi-tenant"], "--stack"),
             (["sim", "sweep", "--param", "bad", "--model", "Llama-3-8B", "--gpu", "H100-SXM",
               "--workload", "multi-tenant"], "--param"),
-            (["vllm", "crosscheck", "--kvpolicy", "{bad"], "--kvpolicy"),
         ],
     )  # fmt: skip
     def test_free_text_options(self, args: list[str], option: str) -> None:
@@ -285,10 +285,25 @@ class TestEveryCommand:
 
 
 def test_the_listed_help_is_each_commands_own() -> None:
-    """`kvpolicy --help` lists each command with its own docstring (kept in two places so
-    that listing imports nothing: this keeps them equal)."""
-    from kvpolicy.sim.cli import _COMMANDS, _load
+    """Each registered command's one-line help, and its subcommands' names and helps, are
+    those of the command itself (kept in two places so that listing imports nothing: this
+    keeps them equal)."""
+    import click
 
-    for name, (_, _, listed) in _COMMANDS.items():
-        own = " ".join((_load(name).help or "").split("\n\n")[0].split())
-        assert listed == own, name
+    from kvpolicy.commands._main import registered, spec_of
+
+    def own(command: click.Command) -> str:
+        return " ".join((command.help or "").split("\n\n")[0].split())
+
+    found = registered()
+    assert {"admit", "demo", "evict", "kv", "sim", "tenancy", "tiers"} <= set(found)
+    for name, ep in found.items():
+        spec = spec_of(ep)
+        command = spec.load()
+        assert spec.help == own(command), name
+        if isinstance(command, click.Group):
+            assert [p.name for p in command.params] == [], name  # the lazy group has none
+            listed = {sub: own(cmd) for sub, cmd in command.commands.items()}
+            assert dict(spec.subcommands) == listed, name
+        else:
+            assert not spec.subcommands, name

@@ -296,20 +296,6 @@ class TestWorkloadSpec:
             assert text in out
 
 
-class TestVllmCrosscheck:
-    def test_without_vllm_says_what_to_install(self) -> None:
-        """Without vLLM the cross-check is a usage error naming what to install."""
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            pass
-        else:
-            pytest.skip("vLLM is installed: the cross-check runs (see nox -s vllm)")
-        code, out = _invoke("vllm", "crosscheck", "--workload", "uniform:5", "--num-blocks", "64")
-        assert code == 2
-        assert "needs kvpolicy-vllm and vLLM 0.32" in out
-
-
 class TestTensorParallel:
     def test_70b_needs_tp_and_runs_with_it(self) -> None:
         """Llama-3-70B fits no single H100: the error names the tp that fits, and --tp 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvpolicy.sim.cli._params import GPU, MODEL
+from kvpolicy.kvmodel.cli import GPU, MODEL
 
 __all__ = ["backend_cmd"]
 

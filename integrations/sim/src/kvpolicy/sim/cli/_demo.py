@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 
 from kvpolicy.kvmodel import get_gpu, get_model
-from kvpolicy.sim.cli._params import GPU, MODEL
+from kvpolicy.kvmodel.cli import GPU, MODEL
 
 __all__ = ["demo"]
 

@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvpolicy.kvmodel import GPUSpec, ModelSpec, get_gpu, get_model
+from kvpolicy.kvmodel.cli import GPU, MODEL
 from kvpolicy.sim._sweep import EXECUTORS as EXECUTOR_NAMES
-from kvpolicy.sim.cli._params import GPU, MODEL
 from kvpolicy.sim.cli._workload import WorkloadSpec, workload_options
 
 __all__ = ["group", "progress_bar"]

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvpolicy.evict.quality import FULL, POLICY_CHOICES, require_quality_deps
-from kvpolicy.sim.cli._params import table_console
+from kvpolicy.kvmodel.cli import table_console
 
 __all__ = ["group"]
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from kvpolicy.sim.cli import main
+from kvpolicy.commands._main import main
 
 
 def run(*args: str) -> Any:

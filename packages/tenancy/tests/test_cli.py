@@ -13,7 +13,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from kvpolicy.sim.cli import main
+from kvpolicy.commands._main import main
 
 TENANCY = pathlib.Path(__file__).resolve().parents[3] / "packages" / "tenancy"
 
@@ -73,7 +73,8 @@ def test_serve_answers_over_loopback() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port, dead = sock.getsockname()[1], 1
-    cmd = [sys.executable, "-c", "from kvpolicy.sim.cli import main; main()", "tenancy", "serve"]
+    cmd = [sys.executable, "-c", "from kvpolicy.commands._main import main; main()"]
+    cmd += ["tenancy", "serve"]
     cmd += ["--config", str(TENANCY / "examples" / "pool.yaml")]
     cmd += ["--api-keys", str(TENANCY / "examples" / "api-keys.yaml")]
     cmd += ["--backend", f"http://127.0.0.1:{dead}", "--port", str(port)]

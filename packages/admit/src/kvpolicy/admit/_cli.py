@@ -20,7 +20,7 @@ from kvpolicy.admit import (
     worst_cycle_ratio,
     worst_cycle_throughput,
 )
-from kvpolicy.sim.cli._params import OutputFile, table_console
+from kvpolicy.kvmodel.cli import OutputFile, table_console
 
 __all__ = ["group"]
 

@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from kvpolicy.kvmodel import CapacityError, KVModelError, get_gpu, get_model, plan_capacity
-from kvpolicy.sim.cli._params import GPU, KV_DTYPE, MODEL, FiniteFloat, table_console
+from kvpolicy.kvmodel.cli import GPU, KV_DTYPE, MODEL, FiniteFloat, table_console
 
 __all__ = ["group"]
 

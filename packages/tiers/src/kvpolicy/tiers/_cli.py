@@ -12,7 +12,7 @@ import click
 from rich.table import Table
 
 from kvpolicy.kvmodel import get_model
-from kvpolicy.sim.cli._params import MODEL, FiniteFloat, OutputFile, table_console
+from kvpolicy.kvmodel.cli import MODEL, FiniteFloat, OutputFile, table_console
 from kvpolicy.tiers import (
     ReplayEvaluator,
     allocate_group_ttls,

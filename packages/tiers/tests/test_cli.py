@@ -10,7 +10,7 @@ import networkx as nx
 import pytest
 from click.testing import CliRunner
 
-from kvpolicy.sim.cli import main
+from kvpolicy.commands._main import main
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import json
 
 from click.testing import CliRunner
 
+from kvpolicy.commands._main import main
 from kvpolicy.kvmodel import get_gpu, get_model, plan_capacity
-from kvpolicy.sim.cli import main
 
 
 def _invoke(*args: str) -> tuple[int, str]:

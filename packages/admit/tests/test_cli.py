@@ -9,7 +9,7 @@ import pathlib
 import pytest
 from click.testing import CliRunner
 
-from kvpolicy.sim.cli import main
+from kvpolicy.commands._main import main
 
 
 def _invoke(*args: str) -> tuple[int, str]:

@@ -1,0 +1,17 @@
+"""``kvpolicy evict``, registered by kvpolicy-evict (the command lives in
+``kvpolicy.evict.quality._cli``; it runs with the ``quality`` extra)."""
+
+from kvpolicy.commands._main import CommandSpec
+
+COMMAND = CommandSpec(
+    help="Quality of eviction policies on a real LLM (needs kvpolicy-evict[quality]).",
+    target="kvpolicy.evict.quality._cli:group",
+    subcommands={
+        "eval": "Perplexity (or lookup accuracy) of each policy at each budget, decoding TOKENS "
+        "tokens one at a time.",
+        "train": "Record returns on the license texts and train the logits MLP (cached) and "
+        "compact fit.",
+        "stats": "Attention sink mass, decay with distance and heavy-hitter concentration of "
+        "the model.",
+    },
+)
