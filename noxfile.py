@@ -55,6 +55,10 @@ its own tmp_path, model and policy), and long enough to gain (evict 133 s -> 84 
 42 s); tenancy's fault tests start servers and time their processes."""
 DEFAULT_MARKS = "not gpu and not quality and not slow"
 CACHE = ROOT / ".nox"
+NO_COMPILE = ["--no-compile"]
+"""pip flag of every install here: compiling every installed module to bytecode at install
+time took half of pip's CPU (transformers, scipy and matplotlib: 57 s against 27 s of CPU on
+the 2-core development machine); Python compiles just the modules a test imports instead."""
 STAMP = "kvpolicy-installed.json"
 
 
@@ -149,7 +153,7 @@ def _torch_dir(session: nox.Session) -> pathlib.Path:
     if (target / "ready").exists():
         return target
     python = str(_builder(session))
-    pip = [python, "-m", "pip", "install", "-q"]
+    pip = [python, "-m", "pip", "install", "-q", *NO_COMPILE]
     local = subprocess.run(
         [*pip, "--dry-run", "--no-index", "--no-deps", TORCH], capture_output=True, check=False
     )
@@ -202,8 +206,9 @@ def _install_many(session: nox.Session, dists: dict[str, str], *more: str) -> No
         pth.unlink(missing_ok=True)
     wheels = _wheels(session, names)
     reqs = [f"{wheels[n]}{dists[n]}" for n in names]
-    session.install("--force-reinstall", "--no-deps", *reqs)
-    session.install(*reqs, *more)
+    if any(site.glob("kvpolicy_*.dist-info")):  # a reused venv: same versions, new sources
+        session.install(*NO_COMPILE, "--force-reinstall", "--no-deps", *reqs)
+    session.install(*NO_COMPILE, *reqs, *more)
     stamp.write_text(json.dumps(wanted))
 
 
