@@ -104,6 +104,15 @@ CASES: dict[str, tuple[GateConfig, list[tuple[Any, ...]], list[str]]] = {
         + [S("e", 5.0, 0.3, 0.0), C("g0", "g", t=21.0), S("e", 21.0, 0.3 * 0.7**3, 0.0)],
         [""] * 12 + ["pool-full", ""],
     ),
+    "debt-when-admitted-over-contention": (  # over a full pool e outranks spot and is
+        # admitted on priority: it met a contended pool, so serving nothing is debt 0.3
+        GateConfig(overcommit=True),
+        [C(f"s{i}", "s") for i in range(8)]
+        + [C(f"e{i}", "e") for i in range(5)]
+        + [R(f"e{i}", 1.0, 0) for i in range(5)]
+        + [S("e", 5.0, 0.3, 0.0)],
+        [""] * 13,
+    ),
     "burst-over-idle-gap": (  # e holds 6 requests (2 over its baseline) through 3 idle
         # intervals: its burst tends to the 0.5 it holds over the baseline, its credit to 0
         GateConfig(),

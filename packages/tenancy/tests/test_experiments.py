@@ -74,24 +74,23 @@ class TestSLOAwareFairShare:
     def replay() -> Replay:
         return replay_experiment("fair-share")[0]
 
-    def test_copilot_rarely_denied_on_priority(self) -> None:
-        """Synth absorbs the low-priority denials of the outage; copilot almost none.
-
-        The paper reports 0 for copilot and 317 for synth. Here synth's debt late in the
-        outage (debt factor up to 4.2) briefly lifts it over a bursting copilot (burst
-        factor 1.4), whose own debt stays near zero because the pool never denies it; the
-        paper keeps copilot ahead only through a copilot debt of 0.607 that its own setup
-        does not produce (see the README).
-        """
+    def test_copilot_never_denied_on_priority(self) -> None:
+        """Table 2: copilot gets no low-priority denial; synth absorbs the most (the paper:
+        0 and 317, reports 22)."""
         run = self.replay()
-        copilot = run.denials("elastic-copilot", "priority")
-        synth = run.denials("elastic-synth", "priority", 30, 120)
-        assert synth > 200
-        assert copilot <= 0.05 * synth
-        assert all(
-            run.denials(t, "priority") < run.denials("elastic-synth", "priority")
-            for t in ("elastic-copilot", "elastic-reports")
-        )
+        assert run.denials("elastic-copilot", "priority") == 0
+        synth = run.denials("elastic-synth", "priority")
+        assert synth > 100
+        assert synth > 10 * run.denials("elastic-reports", "priority")
+
+    def test_copilot_ahead_throughout_the_outage(self) -> None:
+        """Copilot's priority stays above synth's all through the outage (the paper:
+        "copilot retains higher priority throughout"), its own debt included."""
+        run = self.replay()
+        copilot = run.series("priority", "elastic-copilot")
+        synth = run.series("priority", "elastic-synth")
+        outage = [c / s for (t, c), (_, s) in zip(copilot, synth, strict=True) if 30 <= t < 120]
+        assert min(outage) > 1.0
 
     def test_the_papers_weights_in_the_outage(self) -> None:
         """Reports is bound when it joins (210 s): until then the pool-average SLO is
@@ -113,22 +112,25 @@ class TestSLOAwareFairShare:
         assert 1.5 <= _mean(synth) <= 3.5
 
     def test_debt_rises_synth_faster(self) -> None:
-        """Synth's debt peaks above copilot's (paper: 0.775 vs 0.607)."""
+        """Both accrue debt in the outage, none before; synth's peaks above copilot's
+        (paper: 0.775 vs 0.607)."""
         run = self.replay()
+        for tenant in ("elastic-copilot", "elastic-synth"):
+            assert max(v for t, v in run.series("debt", tenant) if t < 30) <= 0.0
         synth = max(v for _, v in run.series("debt", "elastic-synth"))
         copilot = max(v for _, v in run.series("debt", "elastic-copilot"))
-        assert copilot < synth
+        assert 0.2 < copilot < synth
         assert 0.5 < synth <= 1.0
 
     def test_gap_narrows(self) -> None:
-        """Synth's rising debt narrows its gap to copilot, which stays ahead most of the time."""
+        """Synth's rising debt narrows its gap to copilot, which stays ahead throughout."""
         run = self.replay()
         copilot = run.series("priority", "elastic-copilot")
         synth = run.series("priority", "elastic-synth")
         ratios = [(t, c / s) for (t, c), (_, s) in zip(copilot, synth, strict=True)]
         outage = [r for t, r in ratios if 30 <= t < 120]
         assert min(outage) < ratios[0][1]
-        assert sum(r > 1.0 for r in outage) >= 0.75 * len(outage)
+        assert all(r > 1.0 for r in outage)
 
     def test_debt_decays_after_recovery(self) -> None:
         """Within 50 s of recovery (gamma_d = 0.7 every 5 s) debt is near zero (what is
