@@ -23,6 +23,10 @@
   that answers at once: the gateway's own cost, without the simulated server's iterations
   (a request waits for the iteration under way, so its latency moves with the timing of its
   arrival and with what else runs on the cores).
+* ``upstream_client_cpu_us_per_request`` / ``httpcore_client_cpu_us_per_request``: CPU of
+  the client process per request, sequential POSTs on one kept-alive connection to the
+  instant upstream, with the gateway's hand-written client and with httpcore (median of 3
+  rounds in alternating order): what a well-kept client would cost the gateway.
 * ``sustained_rps``: completed requests/s through the gateway with 32 concurrent clients
   (``direct_sustained_rps``: the backend alone).
 """
@@ -435,6 +439,70 @@ def bench_overhead_instant(n: int, rate: float, rounds: int) -> dict[str, Any]:
     }
 
 
+async def _client_cpu(url: str, n: int, which: str) -> float:
+    """CPU seconds of this process per request for ``n`` sequential POSTs to ``url`` on
+    one kept-alive connection: the gateway's own upstream client or httpcore's."""
+    body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 4}).encode()
+    if which == "kvpolicy":
+        from kvpolicy.tenancy._upstream import Upstream
+
+        up = Upstream(url.rsplit("/v1", 1)[0])
+
+        async def one() -> None:
+            reply = await up.request("POST", "/v1/completions", body)
+            await reply.read()
+            reply.release()
+
+        close = up.close
+    else:
+        import httpcore
+
+        pool = httpcore.AsyncConnectionPool(max_connections=1)
+        headers = [(b"Content-Type", b"application/json")]
+
+        async def one() -> None:
+            async with pool.stream("POST", url, headers=headers, content=body) as resp:
+                await resp.aread()
+
+        def close() -> None:
+            pass
+
+    for _ in range(50):  # connect and warm up
+        await one()
+    start = time.process_time()
+    for _ in range(n):
+        await one()
+    cpu = time.process_time() - start
+    close()
+    return cpu / n
+
+
+def bench_clients(n: int, rounds: int) -> dict[str, Any]:
+    """CPU per proxied request of the upstream client, the hand-written one against httpcore
+    (a well-kept client), each sending ``n`` requests to the instant upstream in turn."""
+    if not _has("httpcore"):
+        return {"httpcore": "not installed: client comparison skipped"}
+    be_port = _free_port()
+    proc = _start([_INSTANT, str(be_port)], be_port)
+    url = f"http://127.0.0.1:{be_port}/v1/completions"
+    cpu: dict[str, list[float]] = {"kvpolicy": [], "httpcore": []}
+    try:
+        for r in range(rounds):
+            for which in ("kvpolicy", "httpcore") if r % 2 == 0 else ("httpcore", "kvpolicy"):
+                cpu[which].append(asyncio.run(_client_cpu(url, n, which)) * 1e6)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    import httpcore
+
+    return {
+        "upstream_client_cpu_us_per_request": _pct(cpu["kvpolicy"], 0.5),
+        "httpcore_client_cpu_us_per_request": _pct(cpu["httpcore"], 0.5),
+        "httpcore_version": httpcore.__version__,
+        "client_cpu_rounds_us": {k: [round(v, 1) for v in vs] for k, vs in cpu.items()},
+    }
+
+
 def _has(module: str) -> bool:
     import importlib.util
 
@@ -480,6 +548,7 @@ def main() -> None:
             figures.update(
                 bench_overhead_instant(500 if args.quick else 2_000, 500.0, 1 if args.quick else 3)
             )
+            figures.update(bench_clients(1_000 if args.quick else 5_000, 3))
     finally:
         if server is not None:
             server.terminate()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 
+import pytest
+
 from kvpolicy.tenancy._experiments import Replay, replay_experiment
 
 
@@ -72,51 +74,72 @@ class TestSLOAwareFairShare:
     def replay() -> Replay:
         return replay_experiment("fair-share")[0]
 
-    def test_copilot_rarely_denied_on_priority(self) -> None:
-        """Synth absorbs the low-priority denials of the outage; copilot almost none.
-
-        The paper reports 0 for copilot and 317 for synth. Here synth's debt late in the
-        outage (debt factor up to 5) can briefly lift it over a bursting copilot, whose own
-        debt stays near zero because the pool never denies it (see the README).
-        """
+    def test_copilot_never_denied_on_priority(self) -> None:
+        """Table 2: copilot gets no low-priority denial; synth absorbs the most (the paper:
+        0 and 317, reports 22)."""
         run = self.replay()
-        copilot = run.denials("elastic-copilot", "priority")
-        synth = run.denials("elastic-synth", "priority", 30, 120)
-        assert synth > 200
-        assert copilot <= 0.1 * synth
+        assert run.denials("elastic-copilot", "priority") == 0
+        synth = run.denials("elastic-synth", "priority")
+        assert synth > 100
+        assert synth > 10 * run.denials("elastic-reports", "priority")
+
+    def test_copilot_ahead_throughout_the_outage(self) -> None:
+        """Copilot's priority stays above synth's all through the outage (the paper:
+        "copilot retains higher priority throughout"), its own debt included."""
+        run = self.replay()
+        copilot = run.series("priority", "elastic-copilot")
+        synth = run.series("priority", "elastic-synth")
+        outage = [c / s for (t, c), (_, s) in zip(copilot, synth, strict=True) if 30 <= t < 120]
+        assert min(outage) > 1.0
+
+    def test_the_papers_weights_in_the_outage(self) -> None:
+        """Reports is bound when it joins (210 s): until then the pool-average SLO is
+        15.25 s and the weights are the paper's 93.8 and 20.3 (before debt and burst)."""
+        run = self.replay()
+        assert "elastic-reports" not in run.samples[0]["priority"]  # type: ignore[operator]
+        first = run.samples[0]["priority"]
+        assert first == {  # type: ignore[comparison-overlap]
+            "elastic-copilot": pytest.approx(93.85, abs=0.01),
+            "elastic-synth": pytest.approx(20.27, abs=0.01),
+        }
 
     def test_outage_shares(self) -> None:
-        """In the outage copilot holds about 5-7 slots and synth 1-3."""
+        """In the outage copilot holds about 5-7 slots and synth about 2-3 (the paper's)."""
         run = self.replay()
         copilot = [v for t, v in run.series("in_flight", "elastic-copilot") if 40 <= t < 120]
         synth = [v for t, v in run.series("in_flight", "elastic-synth") if 40 <= t < 120]
         assert 5.0 <= _mean(copilot) <= 7.0
-        assert 1.0 <= _mean(synth) <= 3.0
+        assert 1.5 <= _mean(synth) <= 3.5
 
     def test_debt_rises_synth_faster(self) -> None:
-        """Synth's debt peaks above copilot's (paper: 0.775 vs 0.607)."""
+        """Both accrue debt in the outage, none before; synth's peaks above copilot's
+        (paper: 0.775 vs 0.607)."""
         run = self.replay()
+        for tenant in ("elastic-copilot", "elastic-synth"):
+            assert max(v for t, v in run.series("debt", tenant) if t < 30) <= 0.0
         synth = max(v for _, v in run.series("debt", "elastic-synth"))
         copilot = max(v for _, v in run.series("debt", "elastic-copilot"))
-        assert copilot < synth
+        assert 0.2 < copilot < synth
         assert 0.5 < synth <= 1.0
 
     def test_gap_narrows(self) -> None:
-        """Synth's rising debt narrows its gap to copilot, which stays ahead most of the time."""
+        """Synth's rising debt narrows its gap to copilot, which stays ahead throughout."""
         run = self.replay()
         copilot = run.series("priority", "elastic-copilot")
         synth = run.series("priority", "elastic-synth")
         ratios = [(t, c / s) for (t, c), (_, s) in zip(copilot, synth, strict=True)]
         outage = [r for t, r in ratios if 30 <= t < 120]
         assert min(outage) < ratios[0][1]
-        assert sum(r > 1.0 for r in outage) >= 0.75 * len(outage)
+        assert all(r > 1.0 for r in outage)
 
     def test_debt_decays_after_recovery(self) -> None:
-        """Within 50 s of recovery (gamma_d = 0.7 every 5 s) debt is near zero."""
+        """Within 50 s of recovery (gamma_d = 0.7 every 5 s) debt is near zero (what is
+        left below is credit from bursting over the baseline after recovery)."""
         run = self.replay()
         for tenant in ("elastic-copilot", "elastic-synth"):
-            after = [abs(v) for t, v in run.series("debt", tenant) if 170 <= t < 210]
+            after = [v for t, v in run.series("debt", tenant) if 170 <= t < 210]
             assert max(after) < 0.1
+            assert min(after) > -0.2
 
     def test_summary_per_entitlement(self) -> None:
         """The summary ``kvpolicy tenancy replay`` prints: synth's low-priority denials and

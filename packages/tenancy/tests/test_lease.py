@@ -56,6 +56,10 @@ def _req(i: int | str, tenant: str = "g", prompt_len: int = 16) -> Request:
     return Request(f"r{i}", prompt_len, 1, tenant=tenant)
 
 
+# Guaranteed entitlements keep half their baseline on a replica while Redis is away.
+_KEEP_HALF = OutagePolicy({"guaranteed": 0.5}, timeout_s=0.2)
+
+
 class TestDecisions:
     def test_concurrency_is_exact_and_release_frees(self, redis_proc: Any) -> None:
         gate = _gate(redis_proc.url)
@@ -247,12 +251,32 @@ class TestFaults:
             assert gate.release(_req(i)).released
         assert gate.usage("g") == gate.usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
 
+    def test_the_default_outage_policy_fails_closed(self, redis_proc: Any) -> None:
+        """Redis away: with the default policy no class is admitted alone (every limit
+        stays exact whatever the other replicas hold); the lease held before the outage is
+        released when Redis returns, and the next request is admitted."""
+        gate = _gate(redis_proc.url, outage=OutagePolicy(timeout_s=0.2), recovery_s=0.0)
+        assert gate.check(_req("before")).admitted
+        redis_proc.stop()
+        try:
+            for tenant in ("g", "s"):
+                away = gate.check(_req(f"{tenant}-away", tenant=tenant))
+                assert (away.admitted, away.reason) == (False, "state-unavailable")
+            assert gate.release(_req("before"), 30).released  # replayed when Redis returns
+        finally:
+            redis_proc.start()
+        assert gate.renew() == (0, 0, 0)
+        assert gate.usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
+        assert gate.check(_req("after")).admitted
+        assert gate.release(_req("after")).released
+
     def test_outage_per_service_class_then_reconciled(self, redis_proc: Any) -> None:
-        """Redis away: guaranteed ``g`` holds up to half its baseline (4 of 8, the lease
-        held before the outage included) on this replica, spot fails closed; when Redis
+        """Redis away, ``OutagePolicy({"guaranteed": 0.5})``: guaranteed ``g`` holds up to
+        half its baseline (4 of 8, the lease held before the outage included) on this
+        replica, spot fails closed; when Redis
         returns, the recovery window opens, running leases are adopted and tokens charged
         once."""
-        gate = _gate(redis_proc.url, outage=OutagePolicy(timeout_s=0.2), recovery_s=30.0)
+        gate = _gate(redis_proc.url, outage=_KEEP_HALF, recovery_s=30.0)
         assert gate.check(_req("before")).admitted
         redis_proc.stop()
         spot = gate.check(_req("s0", tenant="s"))
@@ -275,7 +299,7 @@ class TestFaults:
         """Eight threads check, release and renew at once as Redis comes back: every local
         lease is adopted once and every token charged once (the counters end at exactly 0),
         and the next outage again allows exactly the allowance."""
-        gate = _gate(redis_proc.url, outage=OutagePolicy(timeout_s=0.2), recovery_s=0.0)
+        gate = _gate(redis_proc.url, outage=_KEEP_HALF, recovery_s=0.0)
         redis_proc.stop()
         assert [gate.check(_req(i)).admitted for i in range(5)] == [True] * 4 + [False]
         redis_proc.start()

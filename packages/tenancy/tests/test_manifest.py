@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from kvpolicy.tenancy import ManifestError, Resources, dump_manifest, load_gate, load_manifest
+from kvpolicy.tenancy import (
+    ManifestError,
+    Resources,
+    dump_manifest,
+    load_gate,
+    load_manifest,
+    load_yaml,
+)
 
 MANIFEST: dict[str, Any] = {
     "pool": {
@@ -177,6 +184,53 @@ class TestLoadManifest:
         (tmp_path / "m.toml").write_text("")
         with pytest.raises(ManifestError, match=re.escape("must end in .json, .yaml or .yml")):
             load_manifest(tmp_path / "m.toml")
+
+
+_YAML_DOCS = [
+    "",
+    "a: 1",
+    "a: 012\nb: 0x1f\nc: 1_000\nd: +5\ne: -0\nf: 1.5e3\ng: .inf\nh: ~\ni: null\nj: yes\n"
+    "k: 'yes'\nl: \"1\"\nm: 2026-01-01\nn: 2001-12-14t21:59:43.10-05:00\no:\n"
+    "p: [1, {x: y}, [], {}]\nq: |\n  block\n  text\nr: >\n  folded\ns: 0o17\nt: 1:20\n"
+    "u: True\nv: Off\nw: 1.0\nx: 1.0\n",
+    "- 1\n- - 2\n  - 3\n- {a: [b, c]}\n",
+    "key with spaces: value\n? complex\n: v\n1: int key\n",
+    "!!str 1",
+    "a: !!int '5'",
+    "a: &anchored 1\nb: 2",
+    "# comment only\n",
+]
+
+
+class TestLoadYaml:
+    @pytest.mark.parametrize("text", _YAML_DOCS)
+    def test_same_objects_as_the_safe_loader(self, text: str) -> None:
+        """Scalars typed as PyYAML's safe loader types them (ints, octal, floats, booleans,
+        nulls, dates, strings quoted or not), in the same order, tags included."""
+        yaml = pytest.importorskip("yaml")
+        want = yaml.safe_load(text)
+        got = load_yaml(text)
+        assert repr(got) == repr(want)
+
+    def test_several_documents_and_bad_syntax(self) -> None:
+        """Two documents or a broken flow sequence are ManifestErrors naming the source."""
+        pytest.importorskip("yaml")
+        with pytest.raises(
+            ManifestError, match=re.escape("'m.yaml' is not YAML: 'expected a single")
+        ):
+            load_yaml("--- 1\n--- 2", "m.yaml")
+        with pytest.raises(ManifestError, match=re.escape("'m.yaml' is not YAML")):
+            load_yaml("[1, 2", "m.yaml")
+
+    def test_refusals_name_the_line(self) -> None:
+        """An alias, a duplicate key and a collection as a key are refused with their line."""
+        pytest.importorskip("yaml")
+        with pytest.raises(ManifestError, match=r"aliases are not allowed.*line 2"):
+            load_yaml("a: &x [1]\nb: *x\n")
+        with pytest.raises(ManifestError, match=r"duplicate key 1.*line 3"):
+            load_yaml("- x: 1\n- 1: a\n  1: b\n")
+        with pytest.raises(ManifestError, match=r"a key must be a scalar.*line 1"):
+            load_yaml("? [a]\n: 1\n")
 
 
 class TestLoadGate:

@@ -41,7 +41,12 @@ from kvpolicy.tenancy._math import (
     service_gap,
     update_debt,
 )
-from kvpolicy.tenancy._refresh import RefreshConfig, ThroughputRefresh, refresh_factor
+from kvpolicy.tenancy._refresh import (
+    RefreshConfig,
+    SharedThroughputRefresh,
+    ThroughputRefresh,
+    refresh_factor,
+)
 from kvpolicy.tenancy._shares import token_pool_gateway
 from kvpolicy.tenancy._store import (
     EntitlementState,
@@ -71,6 +76,7 @@ __all__ = [
     "RefreshConfig",
     "Resources",
     "ServiceClass",
+    "SharedThroughputRefresh",
     "StateStore",
     "TenancyError",
     "ThroughputRefresh",

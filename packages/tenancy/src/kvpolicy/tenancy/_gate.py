@@ -119,7 +119,9 @@ def admission_decision(
 
     Returns:
         ``(decision, entitlement state, pool state)``: the new states to store (``None``:
-        unchanged); a denial by the pool counts as contention in the entitlement's state.
+        unchanged). A request that meets a contended pool (denied by it, or admitted over
+        it on priority) counts as contention in the entitlement's state: in that interval
+        a service gap below the baseline is debt (eq. 2).
     """
     limits = ent.limits
     rate = limits.tokens_per_s
@@ -163,6 +165,7 @@ def admission_decision(
         w = wait(0, 0, cost - pool_level, 0, 0, 0, cap.tokens_per_s)
         return GateDecision(False, w, "pool-full"), denied, None
     res_tps, res_kv, res_slots = reserved
+    over = False  # admitted over a contended pool on priority (check 6)
     if not within:  # §4.3 checks (5) and (6): a full pool, pool contention
         # Reservations are held for their entitlements even when idle (Table 1), so the
         # pool is full at ``in flight + unused reservations``; with a hard pool the
@@ -183,7 +186,8 @@ def admission_decision(
                 need_slots = slots_after - frac * cap.concurrency
                 need_kv = kv_after - frac * cap.kv_bytes
                 need_tokens += (1 - frac) * pool_depth
-            if (need_slots > 0 or need_kv > 0 or need_tokens > 0) and not (
+            over = need_slots > 0 or need_kv > 0 or need_tokens > 0
+            if over and not (
                 outranks()
                 and (  # a dedicated burst leaves the reservations and protected holdings whole
                     not protected
@@ -230,7 +234,7 @@ def admission_decision(
         s.burst,
         s.debt,
         s.served + cost,
-        s.contended,
+        s.contended + over,
     )
     new_ps = PoolState(
         cap,
@@ -326,8 +330,9 @@ class TokenPoolGate:
     :meth:`release` returns what a request held and books its actual tokens
     (``prompt_len + decode_len``) instead of the charge. Every ``update_interval_s`` seconds
     of request time the debt (eq. 2) and burst intensity (eq. 3) of every entitlement are
-    updated from the tokens served in the interval and whether the pool denied the
-    entitlement (only then does a shortfall below baseline count as debt; see
+    updated from the tokens served in the interval and whether the entitlement met a
+    contended pool (denied by it or admitted over it on priority: only then does a
+    shortfall below baseline count as debt; see
     :func:`~kvpolicy.tenancy.service_gap`).
 
     Request times need not be monotonic across calls; a time earlier than one already seen
@@ -895,7 +900,8 @@ class TokenPoolGate:
         served = max(0.0, s.served) / interval
         debt = s.debt
         if ent.service_class.accumulates_debt:
-            # Eq. (2); the gap of §3.3 counts as debt only when the pool denied the tenant.
+            # Eq. (2); the gap of §3.3 counts as debt only in an interval where the tenant
+            # met a contended pool (was denied by it, or admitted over it on priority).
             gap = max(-1.0, min(1.0, (base.tokens_per_s - served) / base.tokens_per_s))
             if not s.contended:
                 gap = min(0.0, gap)

@@ -19,11 +19,17 @@ import threading
 from importlib import resources
 from typing import Any
 
+import attrs
 from attrs import field, frozen
 from attrs.validators import ge, instance_of
 
 from kvpolicy.kvmodel import GateDecision, ModelSpec, Request
-from kvpolicy.tenancy._entitlements import TokenEntitlement, TokenPool, fundable_tokens
+from kvpolicy.tenancy._entitlements import (
+    Resources,
+    TokenEntitlement,
+    TokenPool,
+    fundable_tokens,
+)
 from kvpolicy.tenancy._gate import GateConfig
 from kvpolicy.tenancy._math import retry_after
 
@@ -51,31 +57,27 @@ SCRIPTS = ("acquire", "release", "renew", "charge", "hold", "state")
 """The scripts, each run after ``common.lua``."""
 
 
-def _local_default(name: str) -> float:
-    return 0.5 if name in ("dedicated", "guaranteed") else 0.0
-
-
 @frozen
 class OutagePolicy:
     """What a :class:`RedisLeaseGate` does while Redis cannot be reached.
 
-    Each replica may admit, on its own, up to ``fraction`` of an entitlement's *baseline*
-    concurrency (rounded down) for each service class named in ``local_fraction``; a class
-    at 0 (or absent) fails closed: its requests are denied with reason
-    ``"state-unavailable"``. The default keeps half the baseline of dedicated and guaranteed
-    entitlements (a reservation is a promise) and fails closed for elastic, spot and
-    preemptible. What was admitted or released locally is reconciled with Redis when it
-    answers again: leases still running are adopted, tokens served are charged, releases are
-    replayed (each exactly once: releases are idempotent).
+    By default every class fails closed: a request is denied with reason
+    ``"state-unavailable"`` (and a short Retry-After) until Redis answers, so that no limit
+    is ever exceeded, whatever the number of replicas: a replica alone cannot know what the
+    others hold. ``local_fraction`` trades that for availability: each replica may admit,
+    on its own, up to ``fraction`` of an entitlement's *baseline* concurrency (rounded
+    down; the leases it held before the outage count) for each service class named, e.g.
+    ``OutagePolicy({"dedicated": 0.5, "guaranteed": 0.5})`` keeps half of every reservation
+    served by each replica. Then an entitlement may exceed its concurrency during an outage
+    by up to one replica's allowance per other replica (the others' holdings are unknown).
+    What was admitted or released locally is reconciled with Redis when it answers again:
+    leases still running are adopted, tokens served are charged, releases are replayed
+    (each exactly once: releases are idempotent).
     """
 
-    local_fraction: dict[str, float] = field(
-        factory=lambda: {
-            n: _local_default(n)
-            for n in ("dedicated", "guaranteed", "elastic", "spot", "preemptible")
-        }
-    )
-    """Service class name -> fraction of baseline concurrency admitted locally, in [0, 1]."""
+    local_fraction: dict[str, float] = field(factory=dict)
+    """Service class name -> fraction of baseline concurrency a replica admits alone, in
+    [0, 1]; a class absent (the default: all) fails closed."""
     timeout_s: float = field(default=0.25, converter=float, validator=ge(0.001))
     """Socket timeout of each Redis call: how long a decision may block on a dead Redis."""
 
@@ -252,6 +254,7 @@ class RedisLeaseGate:
         self._outage = OutagePolicy() if outage is None else outage
         self._default = default_entitlement
         self._ents = {e.tenant: e for e in pool.entitlements}
+        self._capacity = pool.capacity  # its tokens/s rescaled by scale_throughput
         cap, c = pool.capacity, config.coefficients
         res_tps, res_kv, res_slots = pool.reserved
         self._held_tokens = repr(min(res_tps, cap.tokens_per_s) * self._window)
@@ -333,6 +336,48 @@ class RedisLeaseGate:
         ent = self._ents.get(tenant)
         return ent if ent is not None else self._default
 
+    @property
+    def tokens_per_s(self) -> float:
+        """The pool's tokens per second this replica assumes now (after any
+        :meth:`scale_throughput`; kvmodel's ``ThroughputScalable``)."""
+        return self._capacity.tokens_per_s
+
+    def scale_throughput(self, factor: float, time: float | None = None) -> None:
+        """Multiply every token rate this replica sends to Redis by ``factor``: the pool's
+        tokens/s and each entitlement's baseline and burst tokens/s (the default
+        entitlement's too); KV bytes and concurrency are unchanged. The buckets in Redis
+        keep their levels, capped at their new depths when next refilled. Every replica
+        must apply the same factor (:class:`~kvpolicy.tenancy.SharedThroughputRefresh`
+        does); until then each refills at the rate it assumes. ``time`` is ignored.
+
+        Raises:
+            TypeError: ``factor`` is not a number.
+            ValueError: ``factor`` is not finite and > 0; nothing changes.
+        """
+        if isinstance(factor, bool) or not isinstance(factor, int | float):
+            raise TypeError(f"'factor' must be a number: {factor!r}")
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"'factor' must be a finite number > 0: {factor!r}")
+        if factor == 1.0:
+            return
+
+        def rate(r: Resources) -> Resources:
+            return attrs.evolve(r, tokens_per_s=r.tokens_per_s * factor)
+
+        def scaled(e: TokenEntitlement) -> TokenEntitlement:
+            burst = None if e.burst is None else rate(e.burst)
+            return attrs.evolve(e, baseline=rate(e.baseline), burst=burst)
+
+        ents = {t: scaled(e) for t, e in self._ents.items()}
+        default = None if self._default is None else scaled(self._default)
+        cap = rate(self._capacity)
+        reserved = sum(e.baseline.tokens_per_s for e in ents.values() if e.service_class.protected)
+        with self._lock:
+            self._ents, self._default, self._capacity, self._specs = ents, default, cap, {}
+            self._held_tokens = repr(min(reserved, cap.tokens_per_s) * self._window)
+            self._common[9] = repr(cap.tokens_per_s)
+            self._common[10] = repr(cap.tokens_per_s * self._window)
+
     def held(self) -> int:
         """Leases this replica holds now."""
         return len(self._held)
@@ -375,7 +420,7 @@ class RedisLeaseGate:
         ent = self.entitlement(tenant)
         if ent is None:
             return 0
-        return fundable_tokens(ent.limits, self._pool.capacity, self._window, self._bpt)
+        return fundable_tokens(ent.limits, self._capacity, self._window, self._bpt)
 
     def check(
         self, request: Request, time: float | None = None, *, max_output_tokens: int | None = None

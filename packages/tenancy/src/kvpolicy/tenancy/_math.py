@@ -108,14 +108,17 @@ def service_gap(baseline: float, allocation: float, contended: bool = True) -> f
     Positive is underservice, negative is overservice (bursting). The paper measures the gap
     against the baseline alone, so an idle tenant, or one that asks for less than its
     baseline, would accrue debt for capacity it never wanted. With ``contended=False`` (the
-    tenant was not denied by pool contention during the interval: it got all it asked for)
-    only the negative part is kept, so debt measures unmet demand. The result is clamped to
+    tenant did not meet a contended pool during the interval: capacity was plentiful when
+    it asked, so it got all it asked for) only the negative part is kept, so debt is what
+    scarcity withheld from it (§3.3: entitlements "temporarily shrunk" accumulate debt,
+    the tenants of experiment 2 "both" during the outage). The result is clamped to
     ``[-1, 1]``: bursting to more than twice the baseline earns no more credit than twice.
 
     Args:
         baseline: ``lambda_e`` in tokens/s (> 0).
         allocation: served rate ``lambda-hat_e`` in tokens/s (>= 0).
-        contended: whether the pool denied the tenant during the interval.
+        contended: whether the tenant met a contended pool during the interval (was
+            denied by it, or admitted over it on priority).
     """
     baseline = _positive("baseline", baseline)
     allocation = _nonnegative("allocation", allocation)

@@ -32,14 +32,20 @@ with fewer than ``min_completions`` completions says too little and changes noth
 
 from __future__ import annotations
 
+import logging
 import math
+import time as _time
+from collections.abc import Callable
+from typing import Any
 
 from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of, le
 
 from kvpolicy.kvmodel import ThroughputScalable
 
-__all__ = ["RefreshConfig", "ThroughputRefresh", "refresh_factor"]
+__all__ = ["RefreshConfig", "SharedThroughputRefresh", "ThroughputRefresh", "refresh_factor"]
+
+_log = logging.getLogger("kvpolicy.tenancy")
 
 
 @frozen
@@ -234,3 +240,160 @@ class ThroughputRefresh:
         self._start = now
         self._completions = self._on_time = self._denials = 0
         self._served = self._busy = 0.0
+
+
+class SharedThroughputRefresh(ThroughputRefresh):
+    """:class:`ThroughputRefresh` for gateway replicas sharing one Redis (each over its
+    :class:`~kvpolicy.tenancy.RedisLeaseGate`): what every replica observes is pooled, one
+    decision is taken per window for all, and every replica applies it, so that all of
+    them assume the same throughput.
+
+    Windows are numbered on ``clock`` (wall time by default: the replicas' clocks agree
+    to well under a window). At its first call in window ``k + 1`` a replica adds what it
+    observed in window ``k`` (tokens served, completions, those on time, token denials, busy
+    and observed seconds) to Redis; the first replica to reach window ``k + 2`` decides
+    window ``k`` (every replica has pushed it by then) from the pooled counts with
+    :func:`refresh_factor`'s rules, the busy share being the pooled busy seconds over the
+    pooled observed seconds, and stores the new estimate (optimistic transaction: one
+    decision per window whatever the number of replicas). Every replica then scales its
+    gate to the stored estimate. The estimate, the floor a late window never goes under
+    and the probe backoff live in Redis too. While Redis is away nothing changes (logged).
+
+    Args:
+        gate: this replica's gate.
+        config: the refresh rules (``window_s > 0``).
+        client: a redis-py client of the gates' Redis.
+        namespace: the gates' namespace (keys ``{namespace}:refresh...``).
+        clock: seconds on a clock shared by the replicas.
+    """
+
+    __slots__ = ("_client", "_clock", "_elapsed", "_k", "_key")
+
+    def __init__(
+        self,
+        gate: ThroughputScalable,
+        config: RefreshConfig,
+        client: Any,
+        *,
+        namespace: str = "kvpolicy",
+        clock: Callable[[], float] = _time.time,
+    ) -> None:
+        super().__init__(gate, config)
+        self._client = client
+        self._clock = clock
+        self._key = "{" + namespace + "}:refresh"
+        self._k: int | None = None
+        self._elapsed = 0.0
+
+    def iteration(self, started: float, now: float, busy: bool) -> None:
+        """The server ran from ``started`` to ``now`` (this replica's clock; only the
+        duration counts), ``busy`` or not; a new window on the shared clock pushes the last
+        one, decides the one before it and brings the gate to the shared estimate."""
+        seconds = max(0.0, now - started)
+        self._elapsed += seconds
+        if busy:
+            self._busy += seconds
+        k = math.floor(self._clock() / self._config.window_s)
+        if self._k is None:
+            self._k = k
+            return
+        if k == self._k:
+            return
+        done, self._k = self._k, k
+        counts = {
+            "served": self._served,
+            "busy": self._busy,
+            "elapsed": self._elapsed,
+            "completions": self._completions,
+            "on_time": self._on_time,
+            "denials": self._denials,
+        }
+        self._served = self._busy = self._elapsed = 0.0
+        self._completions = self._on_time = self._denials = 0
+        import redis
+
+        try:
+            self._push(done, counts)
+            self._decide(k - 2)
+            self._follow(now)
+        except redis.exceptions.RedisError as err:
+            _log.warning("throughput refresh skipped: redis unavailable (%s)", err)
+
+    def _push(self, k: int, counts: dict[str, float]) -> None:
+        key = f"{self._key}:{k}"
+        pipe = self._client.pipeline(transaction=True)
+        for name, value in counts.items():
+            pipe.hincrbyfloat(key, name, value)
+        pipe.expire(key, max(60, math.ceil(10 * self._config.window_s)))
+        pipe.hsetnx(self._key, "estimate", repr(self._gate.tokens_per_s))
+        pipe.hsetnx(self._key, "floor", repr(self._floor))
+        pipe.execute()
+
+    def _decide(self, k: int) -> None:
+        """Decide window ``k`` once for all replicas (``WATCH``/``MULTI`` on the state)."""
+        import redis
+
+        with self._client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(self._key)
+                    state = {_text(a): float(_text(b)) for a, b in pipe.hgetall(self._key).items()}
+                    if state.get("decided", -math.inf) >= k or "estimate" not in state:
+                        pipe.unwatch()
+                        return
+                    raw = pipe.hgetall(f"{self._key}:{k}")
+                    window = {_text(a): float(_text(b)) for a, b in raw.items()}
+                    estimate = state["estimate"]
+                    patience = int(state.get("patience", 1))
+                    ready = int(state.get("ready", 0))
+                    elapsed = window.get("elapsed", 0.0)
+                    rule, factor = _rule(
+                        self._config,
+                        estimate,
+                        window.get("served", 0.0),
+                        self._config.window_s,
+                        window.get("busy", 0.0) / elapsed if elapsed > 0 else 0.0,
+                        int(window.get("denials", 0)),
+                        int(window.get("completions", 0)),
+                        int(window.get("on_time", 0)),
+                        min(state.get("floor", estimate), estimate),
+                    )
+                    if rule == "probe":
+                        ready += 1
+                        if ready < patience:
+                            factor = 1.0
+                        else:
+                            ready = 0
+                    else:
+                        ready = 0
+                        if rule == "late":
+                            patience *= 2
+                    pipe.multi()
+                    pipe.hset(
+                        self._key,
+                        mapping={
+                            "decided": k,
+                            "estimate": repr(estimate * factor),
+                            "patience": patience,
+                            "ready": ready,
+                        },
+                    )
+                    pipe.execute()
+                    return
+                except redis.exceptions.WatchError:
+                    continue
+
+    def _follow(self, now: float) -> None:
+        """Scale the gate to the shared estimate."""
+        raw = self._client.hget(self._key, "estimate")
+        if raw is None:
+            return
+        target = float(_text(raw))
+        current = self._gate.tokens_per_s
+        if target > 0 and abs(target / current - 1.0) > 1e-9:
+            self._gate.scale_throughput(target / current, now)
+            self.refreshes.append((now, self._gate.tokens_per_s))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -36,7 +36,8 @@ class EntitlementState:
     served: float = 0.0
     """Tokens served during the current control interval (admitted, corrected on release)."""
     contended: int = 0
-    """Denials by pool contention during the current control interval."""
+    """Decisions of the current control interval that met a contended pool: denials by the
+    pool (``pool-full``, ``priority``) and admissions over it on priority."""
 
 
 @frozen

@@ -41,7 +41,7 @@ from kvpolicy.tenancy._errors import UnknownRequestError
 from kvpolicy.tenancy._front import FrontLimits, front_protocol
 from kvpolicy.tenancy._gate import TokenPoolGate
 from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy
-from kvpolicy.tenancy._refresh import RefreshConfig, ThroughputRefresh
+from kvpolicy.tenancy._refresh import RefreshConfig, SharedThroughputRefresh, ThroughputRefresh
 from kvpolicy.tenancy._upstream import Upstream, UpstreamError, UpstreamTimeoutError
 
 Scope = MutableMapping[str, Any]
@@ -1244,7 +1244,7 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=0.0,
         help="seconds between throughput refreshes from the service observed (0: never; "
-        "in-process gate only)",
+        "with --redis pooled across the replicas)",
     )
     p.add_argument(
         "--outage",
@@ -1252,16 +1252,16 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         metavar="CLASS=FRACTION",
         help="baseline concurrency a replica admits alone while Redis is away, per service "
-        "class (repeat; given once, unnamed classes fail closed)",
+        "class (repeat; by default every class fails closed, which keeps every limit exact; "
+        "e.g. guaranteed=0.5 keeps serving half of each reservation per replica, and may "
+        "exceed a limit by that much per other replica)",
     )
     args = p.parse_args(argv)
     keys = load_api_keys(args.api_keys)
     gate: Gate
-    refresh = None
-    if args.redis and args.refresh_window > 0:
-        p.error("--refresh-window needs the in-process gate (no --redis)")
+    refresh: ThroughputRefresh | None = None
     if args.redis:
-        gate = load_lease_gate(
+        lease = load_lease_gate(
             args.config,
             args.bytes_per_token,
             args.redis,
@@ -1270,6 +1270,16 @@ def main(argv: list[str] | None = None) -> None:
             lease_ttl_s=args.lease_ttl,
             outage=_outage(args.outage),
         )
+        if args.refresh_window > 0:  # pooled with the other replicas through Redis
+            import redis
+
+            refresh = SharedThroughputRefresh(
+                lease,
+                RefreshConfig(window_s=args.refresh_window),
+                redis.Redis.from_url(args.redis, socket_timeout=0.25),
+                namespace=args.namespace,
+            )
+        gate = lease
     else:
         local = LocalGate(load_gate(args.config, args.bytes_per_token))
         if args.refresh_window > 0:

@@ -43,6 +43,7 @@ if reserved and overcommit == 0 and tok > plevel then
   s.new = false
   return deny('pool-full', 0, 0, tok - plevel, 0, 0, 0, prate)
 end
+local over = false -- admitted over a contended pool on priority: contention, as a denial
 if not reserved then
   local slots_after = p.inf + (resslots - p.rus) + 1
   local kv_after = p.kv + (reskv - p.ruk) + kv
@@ -58,6 +59,7 @@ if not reserved then
       need_tok = need_tok + (1 - frac) * pdepth
     end
     if need_slots > 0 or need_kv > 0 or need_tok > 0 then
+      over = true
       local ok = weight(s) > threshold(p, K, idle)
       if ok and e.prot == 1 then
         ok = p.pinf + resslots - p.rus + 1 <= pconc and p.pkv + reskv - p.ruk + kv <= pkvcap
@@ -74,6 +76,7 @@ if not reserved then
 end
 take(s, p, tok, kv)
 s.b, s.bt, s.served = level - tok, st, s.served + tok
+if over then s.cont = s.cont + 1 end
 p.b, p.bt = plevel - tok, pt
 save(s, idle)
 save_pool(p)

@@ -14,7 +14,8 @@
 -- "delayed restart" that Redlock prescribes for the same reason).
 --
 -- An entitlement hash holds its in-flight counters, token bucket, burst, debt, the tokens
--- served and pool denials of its current control interval ``k``, and its spec
+-- served and contended decisions (pool denials, admissions over a contended pool on
+-- priority) of its current control interval ``k``, and its spec
 -- "class_weight slo baseline_rate baseline_kv baseline_slots debt? reserved? rate depth".
 -- The debt and burst updates of eqs. (2)-(3) run lazily: an entitlement is brought up to the
 -- current interval when a script touches it, one interval with its served tokens and the
