@@ -21,6 +21,7 @@ __all__ = [
     "Upstream",
     "UpstreamConnectError",
     "UpstreamError",
+    "UpstreamNoAnswerError",
     "UpstreamReply",
     "UpstreamTimeoutError",
 ]
@@ -41,6 +42,11 @@ class UpstreamConnectError(UpstreamError):
 
 class UpstreamConnectTimeoutError(UpstreamTimeoutError, UpstreamConnectError):
     """No connection was made within the connect timeout (nothing was sent)."""
+
+
+class UpstreamNoAnswerError(UpstreamError):
+    """The backend closed the connection before a byte of its answer came (it died, or
+    dropped the request): the client has seen nothing of it."""
 
 
 class UpstreamReply(asyncio.Protocol):
@@ -94,7 +100,8 @@ class UpstreamReply(asyncio.Protocol):
         self._transport = None
         if not self._done:
             why = f": {exc}" if exc else ""
-            self.fail(UpstreamError(f"the backend closed the connection{why}"))
+            cls = UpstreamError if self._received else UpstreamNoAnswerError
+            self.fail(cls(f"the backend closed the connection{why}"))
 
     # -- httptools callbacks -----------------------------------------------------------
 

@@ -47,8 +47,11 @@ from kvpolicy.tenancy._upstream import (
     Upstream,
     UpstreamConnectError,
     UpstreamError,
+    UpstreamNoAnswerError,
     UpstreamTimeoutError,
 )
+
+_NOTHING_SEEN = (UpstreamConnectError, UpstreamNoAnswerError)  # may go to another backend
 
 if TYPE_CHECKING:
     from kvpolicy.kvmodel import Autoscaler, Router
@@ -992,9 +995,11 @@ class _Gateway:
 
     async def _forward(self, ticket: Ticket, path: str, send: Send) -> None:
         """Send the request to the backend the fleet picks and relay its answer. A backend
-        that cannot be connected to (nothing of the request reached it) is ejected and the
-        request goes to another, once; any other failure ends the request there (the
-        backend may have read it: it is never sent twice)."""
+        that cannot be connected to (nothing of the request reached it), or that closes
+        the connection before a byte of its answer (it died: the client has seen nothing),
+        is ejected and the request goes to another backend, once; any other failure (a
+        timeout, a broken answer) ends the request there and is reported: it is released
+        once, never charged twice."""
         fleet = self.fleet
         req = ticket.request
         charge = req.prompt_len + ticket.max_tokens
@@ -1012,7 +1017,7 @@ class _Gateway:
                 fleet.end(backend, charge)
                 timeout = isinstance(err, UpstreamTimeoutError)
                 fleet.failed(backend, "timeout" if timeout else "connect", str(err))
-                if isinstance(err, UpstreamConnectError) and tried is None:
+                if isinstance(err, _NOTHING_SEEN) and tried is None:
                     tried = backend
                     if len(fleet.backends) > 1:
                         fleet.m_failovers.inc()

@@ -218,7 +218,7 @@ class LiveEngine:
             prefix_hashes=prefix_hashes[: prompt_len // self._pool.block_size],
             hash_block_size=self._pool.block_size,
         )
-        client = _Client(Seq(idx, req, ()))
+        client = _Client(Seq(idx, req, req.prefix_hashes))
         self._clients[idx] = client
         self._incoming.append(client.seq)
         self._wake.set()
