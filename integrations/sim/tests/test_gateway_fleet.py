@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kvpolicy.kvmodel import ROUTING, build
+from kvpolicy.kvmodel import AUTOSCALING, ROUTING, build
 
 openai = pytest.importorskip("openai", reason="the end-to-end tests need the openai client")
 uvicorn = pytest.importorskip("uvicorn", reason="the backend needs uvicorn (extra 'backend')")
@@ -33,7 +33,12 @@ from kvpolicy.tenancy import (  # noqa: E402
     TokenPool,
     TokenPoolGate,
 )
-from kvpolicy.tenancy.gateway import Admission, LocalGate, create_app  # noqa: E402
+from kvpolicy.tenancy.gateway import (  # noqa: E402
+    Admission,
+    LocalGate,
+    create_admin_app,
+    create_app,
+)
 
 MODEL = "Llama-3-8B"
 KEYS = {"key-a": "a"}
@@ -104,21 +109,30 @@ def backends() -> Iterator[list[SimBackend]]:
             b.kill()
 
 
+def _pool() -> TokenPool:
+    return TokenPool(
+        "fleet",
+        Resources(30_000, 10**10, 64),
+        [TokenEntitlement("a", "guaranteed", Resources(15_000, 10**9, 32))],
+    )
+
+
 class Gateway:
     """The gateway app served by uvicorn in a thread of this process."""
 
-    def __init__(self, backends: list[SimBackend], router: str, **routing: Any) -> None:
-        pool = TokenPool(
-            "fleet",
-            Resources(30_000, 10**10, 64),
-            [TokenEntitlement("a", "guaranteed", Resources(15_000, 10**9, 32))],
-        )
-        self.gate = LocalGate(TokenPoolGate(pool, 1))
+    def __init__(
+        self, backends: list[SimBackend], router: str, autoscaler: Any = None, **routing: Any
+    ) -> None:
+        self.gate = LocalGate(TokenPoolGate(_pool(), 1))
         self.admission = Admission(self.gate, KEYS, models=(MODEL,))
         health = routing.pop("health", HealthConfig(interval_s=0.2, backoff_s=0.5))
         config = RoutingConfig(router=router, health=health, **routing)
         self.app: Any = create_app(
-            self.admission, [b.url for b in backends], routing=config, timeout_s=30
+            self.admission,
+            [b.url for b in backends],
+            routing=config,
+            timeout_s=30,
+            autoscaler=autoscaler,
         )
         self.fleet = self.app.fleet
         self.port = _free_port()
@@ -299,6 +313,62 @@ class TestSignals:
             ignored = [r for r in caplog.records if "metrics of" in r.getMessage()]
             assert len(ignored) == 3, [r.getMessage() for r in ignored]
             caplog.clear()
+
+
+class TestOperations:
+    def test_a_draining_backend_gets_nothing_new(
+        self, backends: list[SimBackend], closing: contextlib.ExitStack
+    ) -> None:
+        """Drained through the admin page, backend 0 gets no request; undrained, it does;
+        the pool's healthy share follows."""
+        import asyncio
+
+        with Gateway(backends, "round-robin") as gw:
+            admin = create_admin_app(gw.admission, gw.fleet)
+
+            async def post(path: str, url: str = backends[0].url) -> Any:
+                transport = httpx.ASGITransport(app=admin)
+                async with httpx.AsyncClient(transport=transport, base_url="http://a") as c:
+                    return await c.post(path, params={"url": url})
+
+            r = asyncio.run(post("/backends/drain"))
+            assert r.status_code == 200
+            assert [b["state"] for b in r.json()["backends"]] == ["draining", "up", "up"]
+            assert gw.fleet.share() == pytest.approx(2 / 3)
+            client = gw.client(closing)
+            for i in range(4):
+                _chat(client, f"while draining {i}")
+            assert gw.routed() == [0, 2, 2]
+            assert asyncio.run(post("/backends/undrain")).status_code == 200
+            for i in range(3):
+                _chat(client, f"after {i}")
+            assert gw.routed()[0] > 0
+            assert gw.fleet.share() == 1.0
+            assert asyncio.run(post("/backends/drain", "http://nowhere")).status_code == 404
+            gw.drained()
+
+    def test_desired_replicas_is_exported(
+        self, backends: list[SimBackend], closing: contextlib.ExitStack
+    ) -> None:
+        """The token-pool autoscaler's target appears as kvpolicy_desired_replicas{pool}."""
+        scaler = build(
+            AUTOSCALING,
+            "token-pool",
+            {"pool": _pool(), "replica": Resources(10_000, 10**9, 16), "max_replicas": 8},
+        )
+        with Gateway(backends, "least-requests", autoscaler=scaler) as gw:
+            _chat(gw.client(closing), "hello")
+            deadline = time.monotonic() + 5
+            while True:
+                text = gw.admission.metrics().body.decode()
+                line = [x for x in text.splitlines() if x.startswith("kvpolicy_desired_")]
+                if line:
+                    break
+                assert time.monotonic() < deadline, "no kvpolicy_desired_replicas"
+                time.sleep(0.1)
+            # 15,000 committed tokens/s over 10,000 per replica: 2 replicas.
+            assert line == ['kvpolicy_desired_replicas{pool="fleet"} 2.0']
+            gw.drained()
 
 
 def _load(
