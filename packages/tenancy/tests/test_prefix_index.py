@@ -41,9 +41,9 @@ class TestPrefixIndex:
         idx.add([1, 2, 3])
         idx.add([1, 4])  # 1 is used again
         idx.add([5])
-        assert sorted(h for h in range(1, 6) if h in idx) == [1, 3, 4, 5]
-        assert idx.matching([1, 2, 3, 9]) == frozenset({1, 3})
-        idx.remove([3, 99])
+        assert sorted(h for h in range(1, 6) if h in idx) == [1, 2, 4, 5]  # 3: a tail
+        assert idx.matching([1, 2, 3, 9]) == frozenset({1, 2})
+        idx.remove([2, 99])
         assert len(idx) == 3
         idx.resize(1)
         assert idx.matching([1, 4, 5]) == frozenset({5})

@@ -26,15 +26,21 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvpolicy.kvmodel import Autoscaler, FleetView, ReplicaView, Router, RoutingRequest
 from kvpolicy.tenancy._backends import BackendSpec, RoutingConfig
 from kvpolicy.tenancy._fleet_pool import PoolFollower, healthy_share
 from kvpolicy.tenancy._health import BackendHealth
-from kvpolicy.tenancy._prefix_index import PrefixIndex, prompt_text, text_block_hashes
+from kvpolicy.tenancy._prefix_index import (
+    FleetPrefixIndex,
+    PrefixIndex,
+    prompt_text,
+    text_block_hashes,
+)
 from kvpolicy.tenancy._signals import MetricsError, ScrapedMetrics, load_view, parse_vllm_metrics
 from kvpolicy.tenancy._upstream import Upstream, UpstreamError
 
@@ -42,6 +48,32 @@ __all__ = ["Backend", "Fleet"]
 
 _log = logging.getLogger("kvpolicy.tenancy")
 _NO_BLOCKS: frozenset[int] = frozenset()
+
+
+_VIEW_FIELDS = tuple(a.name for a in attrs.fields(ReplicaView) if a.name != "prefix_blocks")
+T = TypeVar("T")
+
+
+def _unchecked(cls: type[T], fields: Mapping[str, Any]) -> T:
+    """An instance of the frozen attrs ``cls`` with ``fields`` (every one, already in their
+    converted form), built without its validators and converters.
+
+    kvmodel's view types validate every field when built, which costs about ten times what
+    the gateway's routing decision may spend per backend; the gateway builds each kind of
+    view validated once and then only with values of the same making, so nothing a
+    validator would catch can occur (its tests compare both ways of building).
+    """
+    new = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(new, name, value)
+    return new
+
+
+def with_blocks(view: ReplicaView, blocks: frozenset[int]) -> ReplicaView:
+    """``view`` holding ``blocks`` (the request's prefix blocks it holds) in its GPU tier."""
+    fields = {name: getattr(view, name) for name in _VIEW_FIELDS}
+    fields["prefix_blocks"] = (("gpu", blocks),)
+    return _unchecked(ReplicaView, fields)
 
 
 class Backend:
@@ -62,12 +94,14 @@ class Backend:
         "spec",
         "tokens",
         "upstream",
+        "version",
     )
 
     def __init__(
-        self, spec: BackendSpec, upstream: Upstream, health: BackendHealth, index_blocks: int
+        self, spec: BackendSpec, upstream: Upstream, health: BackendHealth, index: PrefixIndex
     ) -> None:
-        """A backend of ``spec`` reached through ``upstream``."""
+        """A backend of ``spec`` reached through ``upstream``; ``index`` is its prefix index
+        (changed through the fleet's :class:`FleetPrefixIndex`)."""
         self.spec = spec
         self.upstream = upstream
         self.health = health
@@ -82,27 +116,29 @@ class Backend:
         self.scrape_version = 0
         self.scrape_error = ""
         self.kv_capacity_tokens: int | None = None
-        self.index = PrefixIndex(index_blocks)
+        self.index = index
+        self.version = 0
+        """Raised whenever what the view shows changes (counts, scrape, draining)."""
         self._view: ReplicaView | None = None
-        self._key: tuple[Any, ...] = ()
+        self._key: tuple[int, int] = (-1, -1)
 
     @property
     def id(self) -> str:
         """The backend's id: its URL."""
         return self.spec.url
 
-    def view(self, now: float, config: RoutingConfig, matched: frozenset[int]) -> ReplicaView:
-        """The router's view of the backend now (cached while what it shows is the same)."""
+    def view(
+        self, now: float, config: RoutingConfig, matched: frozenset[int] = _NO_BLOCKS
+    ) -> ReplicaView:
+        """The router's view of the backend now, holding ``matched`` of the request's
+        prefix blocks (the view without them is cached while what it shows is the same)."""
+        base = self._base(now, config)
+        return with_blocks(base, matched) if matched else base
+
+    def _base(self, now: float, config: RoutingConfig) -> ReplicaView:
         age = now - self.scraped_at
         bucket = int(age / max(config.scrape_interval_s, 0.1)) if self.scraped else -1
-        key = (
-            self.in_flight,
-            self.tokens,
-            self.scrape_version,
-            bucket,
-            matched,
-            self.health.draining,
-        )
+        key = (self.version, bucket)
         view = self._view
         if view is not None and key == self._key:
             return view
@@ -117,19 +153,22 @@ class Backend:
         scraped = self.scraped
         block_size = scraped.block_size if scraped and scraped.block_size else 16
         blocks = scraped.num_gpu_blocks if scraped and scraped.num_gpu_blocks else 0
-        view = ReplicaView(
-            replica_id=self.spec.url,
-            running=load.running,
-            waiting=load.waiting,
-            kv_usage=load.kv_usage,
-            free_blocks=round(blocks * (1.0 - load.kv_usage)),
-            block_size=block_size,
-            prefix_blocks={"gpu": matched} if matched else (),
-            draining=self.health.draining,
-            signal_age_s=load.age_s,
-            model=self.spec.model,
-            gpu=self.spec.gpu,
-        )
+        fields: dict[str, Any] = {
+            "replica_id": self.spec.url,
+            "running": load.running,
+            "waiting": load.waiting,
+            "kv_usage": load.kv_usage,
+            "free_blocks": round(blocks * (1.0 - load.kv_usage)),
+            "block_size": block_size,
+            "prefix_blocks": (),
+            "draining": self.health.draining,
+            "signal_age_s": load.age_s,
+            "model": self.spec.model,
+            "gpu": self.spec.gpu,
+        }
+        # The first view of a backend is validated; later ones hold values of the same
+        # making (counts >= 0, usage clamped to [0, 1]) and are built unchecked.
+        view = ReplicaView(**fields) if view is None else _unchecked(ReplicaView, fields)
         self._view, self._key = view, key
         return view
 
@@ -172,12 +211,19 @@ class Fleet:
         self.follower = follower
         self.autoscaler = autoscaler
         self.pool_name = pool_name
+        self.prefix = FleetPrefixIndex([s.url for s in specs], config.index_blocks)
+        """The approximate prefix index of every backend."""
         self.backends = tuple(
-            Backend(s, upstream(s.url), BackendHealth(config.health), config.index_blocks)
+            Backend(s, upstream(s.url), BackendHealth(config.health), self.prefix[s.url])
             for s in specs
         )
         self._by_id = {b.id: b for b in self.backends}
         self._active = config.health.interval_s > 0
+        self._cands: list[Backend] = list(self.backends)
+        self._view_cache: dict[Backend, ReplicaView] = {}
+        self._dirty: set[Backend] = set(self.backends)
+        self._ages_at = 0.0
+        self._recheck_at = float("inf")  # when an ejection's backoff ends (passive only)
         self._t0 = time.monotonic()
         self._tasks: list[asyncio.Task[None]] = []
         self._arrivals = 0
@@ -255,9 +301,11 @@ class Fleet:
         replaced for this request by the candidate with the fewest requests in flight.
         """
         now = time.monotonic()
-        cands = [
-            b for b in self.backends if b is not exclude and b.health.routable(now, self._active)
-        ]
+        if now >= self._recheck_at:
+            self._candidates(now)
+        cands = self._cands
+        if exclude is not None:
+            cands = [b for b in cands if b is not exclude]
         if not cands:
             only = self.backends[0]
             if len(self.backends) == 1 and exclude is None and not only.health.draining:
@@ -265,15 +313,15 @@ class Fleet:
             return None
         if len(cands) == 1 or self.router is None:
             return cands[0]
-        config = self.config
-        views = [
-            b.view(now, config, b.index.matching(hashes) if hashes else _NO_BLOCKS) for b in cands
-        ]
+        views = self._views(now, self.prefix.matching(hashes) if hashes else {}, cands)
         try:
-            rid = self.router.route(
-                RoutingRequest(request_id, max(1, prompt_len), tuple(hashes), label or "default"),
-                views,
-            )
+            request = {
+                "request_id": request_id or "request",
+                "prompt_len": max(1, int(prompt_len)),
+                "block_hashes": tuple(hashes),
+                "label": label or "default",
+            }
+            rid = self.router.route(_unchecked(RoutingRequest, request), views)
         except Exception:
             _log.exception(
                 "router %s failed: least in-flight backend instead", type(self.router).__name__
@@ -285,6 +333,27 @@ class Fleet:
                 _log.warning("router answered %r, not a candidate: least in-flight instead", rid)
             chosen = min(cands, key=lambda b: b.in_flight)
         return chosen
+
+    def _views(
+        self, now: float, matched: dict[str, frozenset[int]], cands: list[Backend]
+    ) -> list[ReplicaView]:
+        """The candidates' views for one request: rebuilt only for the backends whose view
+        changed (counts, scrape, draining: ``_dirty``), or all once per scrape interval
+        (the signals' ages); the holders of this request's prefix get a copy holding it."""
+        config, cache = self.config, self._view_cache
+        if now >= self._ages_at:
+            self._dirty.update(self.backends)
+            self._ages_at = now + max(config.scrape_interval_s, 0.1)
+        for b in self._dirty:
+            cache[b] = b._base(now, config)
+        self._dirty.clear()
+        if not matched:
+            return [cache[b] for b in cands]
+        out = []
+        for b in cands:
+            run = matched.get(b.spec.url)
+            out.append(cache[b] if run is None else with_blocks(cache[b], run))
+        return out
 
     def hashes(self, doc: Mapping[str, Any] | None, chat: bool) -> tuple[int, ...]:
         """The approximate prefix index's block hashes of a request body's prompt (none
@@ -298,16 +367,20 @@ class Fleet:
         backend.in_flight += 1
         backend.tokens += tokens
         backend.routed += 1
+        backend.version += 1
+        self._dirty.add(backend)
         self._arrivals += 1
         self._routed[backend.id].inc()
         self._inflight_g[backend.id].set(backend.in_flight)
         if hashes:
-            backend.index.add(hashes)
+            self.prefix.add(backend.id, hashes)
 
     def end(self, backend: Backend, tokens: int, served: int = 0) -> None:
         """The request :meth:`begin` counted is over (``served`` tokens it produced)."""
         backend.in_flight -= 1
         backend.tokens -= tokens
+        backend.version += 1
+        self._dirty.add(backend)
         self._served_tokens += served
         self._inflight_g[backend.id].set(backend.in_flight)
 
@@ -339,6 +412,8 @@ class Fleet:
             return False
         if b.health.draining != draining:
             b.health.draining = draining
+            b.version += 1
+            self._dirty.add(b)
             self._changed()
         return True
 
@@ -350,8 +425,16 @@ class Fleet:
             for b in self.backends
         )
 
+    def _candidates(self, now: float) -> None:
+        """The routable backends, and when that changes by the clock alone (an ejection's
+        backoff ending, without active checks)."""
+        self._cands = [b for b in self.backends if b.health.routable(now, self._active)]
+        ends = [b.health.ejected_until for b in self.backends if b.health.ejected]
+        self._recheck_at = min(ends) if ends and not self._active else float("inf")
+
     def _changed(self) -> None:
         now = time.monotonic()
+        self._candidates(now)
         for b in self.backends:
             self.m_up.labels(b.id).set(1 if b.health.routable(now, self._active) else 0)
         share = self.share()
@@ -471,12 +554,14 @@ class Fleet:
         b.scrape_error = ""
         b.scraped, b.scraped_at = metrics, time.monotonic()
         b.scrape_version += 1
+        b.version += 1
+        self._dirty.add(b)
         self.m_age.labels(b.id).set(0)
         if metrics.num_gpu_blocks and metrics.block_size:
             b.kv_capacity_tokens = metrics.num_gpu_blocks * metrics.block_size
             # Index blocks are text chunks: about block_chars / 4 tokens each.
             chunk_tokens = max(1, self.config.block_chars // 4)
-            b.index.resize(max(1, b.kv_capacity_tokens // chunk_tokens))
+            self.prefix.resize(b.id, max(1, b.kv_capacity_tokens // chunk_tokens))
 
     async def check(self) -> None:
         """Check every backend's health once (an ejected one only after its backoff)."""
@@ -498,7 +583,7 @@ class Fleet:
             was = b.health.ejected
             self.succeeded(b)
             if was:
-                b.index.clear()  # a restarted server's cache is empty
+                self.prefix.clear(b.id)  # a restarted server's cache is empty
         else:
             self.failed(b, "check", f"health status {status}")
 

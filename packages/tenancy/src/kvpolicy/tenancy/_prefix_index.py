@@ -23,7 +23,7 @@ from typing import Any
 
 from kvpolicy.kvmodel import chain_block_hashes
 
-__all__ = ["PrefixIndex", "prompt_text", "text_block_hashes"]
+__all__ = ["FleetPrefixIndex", "PrefixIndex", "prompt_text", "text_block_hashes"]
 
 
 def prompt_text(doc: Mapping[str, Any], chat: bool) -> str:
@@ -82,14 +82,26 @@ class PrefixIndex:
     def add(self, hashes: Sequence[int]) -> None:
         """Record that a prompt with these chained hashes went to the backend (its blocks
         become the most recently used)."""
+        self.add_evicting(hashes)
+
+    def add_evicting(self, hashes: Sequence[int]) -> list[int]:
+        """:meth:`add`, returning the blocks it pushed out."""
         blocks = self._blocks
-        for h in hashes:
+        # Last block first: the first block ends the most recently used, so a prefix is
+        # forgotten from its tail, as an engine frees a sequence's blocks.
+        for h in reversed(hashes):
             if h in blocks:
                 blocks.move_to_end(h)
             else:
                 blocks[h] = None
+        out = []
         while len(blocks) > self.capacity:
-            blocks.popitem(last=False)
+            out.append(blocks.popitem(last=False)[0])
+        return out
+
+    def blocks(self) -> Iterable[int]:
+        """The blocks held, least recently used first."""
+        return iter(self._blocks)
 
     def remove(self, hashes: Iterable[int]) -> None:
         """Forget blocks the backend evicted (unknown ones are ignored)."""
@@ -98,11 +110,17 @@ class PrefixIndex:
 
     def resize(self, capacity: int) -> None:
         """Keep at most ``capacity`` blocks from now on (the oldest go first)."""
+        self.resize_evicting(capacity)
+
+    def resize_evicting(self, capacity: int) -> list[int]:
+        """:meth:`resize`, returning the blocks it pushed out."""
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"'capacity' must be an int >= 1: {capacity!r}")
         self.capacity = capacity
+        out = []
         while len(self._blocks) > capacity:
-            self._blocks.popitem(last=False)
+            out.append(self._blocks.popitem(last=False)[0])
+        return out
 
     def matching(self, hashes: Sequence[int]) -> frozenset[int]:
         """Those of ``hashes`` held (what a router needs of the index for one request)."""
@@ -112,3 +130,93 @@ class PrefixIndex:
     def clear(self) -> None:
         """Forget everything (the backend restarted: its cache is empty)."""
         self._blocks.clear()
+
+
+class FleetPrefixIndex:
+    """A :class:`PrefixIndex` per backend and, across them, which backends hold each block,
+    so that a request's matches are found from its own blocks, whatever the fleet's size.
+
+    Args:
+        backends: the backends' ids.
+        capacity: the most blocks kept per backend (:meth:`resize` changes one's).
+    """
+
+    __slots__ = ("_holders", "_indexes")
+
+    def __init__(self, backends: Iterable[str], capacity: int) -> None:
+        """See the class docstring."""
+        self._indexes = {b: PrefixIndex(capacity) for b in backends}
+        self._holders: dict[int, set[str]] = {}
+
+    def __getitem__(self, backend: str) -> PrefixIndex:
+        """The index of one backend (read it; change it through this class)."""
+        return self._indexes[backend]
+
+    def add(self, backend: str, hashes: Sequence[int]) -> None:
+        """A prompt with these chained hashes went to ``backend``."""
+        index = self._indexes[backend]
+        holders = self._holders
+        for h in hashes:
+            owners = holders.get(h)
+            if owners is None:
+                holders[h] = {backend}
+            else:
+                owners.add(backend)
+        self._forget(backend, index.add_evicting(hashes))
+
+    def remove(self, backend: str, hashes: Iterable[int]) -> None:
+        """``backend`` evicted these blocks."""
+        hashes = list(hashes)
+        self._indexes[backend].remove(hashes)
+        self._forget(backend, hashes)
+
+    def resize(self, backend: str, capacity: int) -> None:
+        """Keep at most ``capacity`` blocks for ``backend`` (its oldest go first)."""
+        index = self._indexes[backend]
+        if capacity != index.capacity:
+            self._forget(backend, index.resize_evicting(capacity))
+
+    def clear(self, backend: str) -> None:
+        """``backend`` restarted: it holds nothing."""
+        index = self._indexes[backend]
+        self._forget(backend, list(index.blocks()))
+        index.clear()
+
+    def _forget(self, backend: str, hashes: Iterable[int]) -> None:
+        holders = self._holders
+        for h in hashes:
+            owners = holders.get(h)
+            if owners is not None:
+                owners.discard(backend)
+                if not owners:
+                    del holders[h]
+
+    def matching(self, hashes: Sequence[int]) -> dict[str, frozenset[int]]:
+        """For each backend holding the first of ``hashes``, the leading run of them it
+        holds (a chained hash names its whole prefix, so the run is what it can reuse);
+        backends holding none are absent. Backends with runs of equal length share one
+        frozenset."""
+        holders = self._holders
+        if not hashes:
+            return {}
+        first = holders.get(hashes[0])
+        if not first:
+            return {}
+        alive = set(first)
+        out: dict[str, frozenset[int]] = {}
+        k = 1
+        for h in hashes[1:]:
+            owners = holders.get(h)
+            kept = alive & owners if owners else set()
+            if len(kept) < len(alive):
+                run = frozenset(hashes[:k])
+                for b in alive - kept:
+                    out[b] = run
+                alive = kept
+                if not alive:
+                    return out
+            k += 1
+        run = frozenset(hashes[:k])
+        for b in alive:
+            out[b] = run
+        return out

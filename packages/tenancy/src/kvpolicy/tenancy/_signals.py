@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import NamedTuple
 
 from attrs import frozen
 
@@ -128,8 +129,7 @@ def _label_int(info: dict[str, str], key: str) -> int | None:
     return value if value > 0 else None
 
 
-@frozen
-class LoadSignals:
+class LoadSignals(NamedTuple):
     """A backend's load as given to its router view."""
 
     running: int
