@@ -430,6 +430,16 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error", acc
 """
 
 
+def _paired_p50s(direct: str, via: str, n: int, rate: float, rounds: int) -> list[float]:
+    """Per round, p50 latency via the gateway minus p50 direct (ms), alternating order."""
+    p50s = []
+    for r in range(rounds):
+        order = (direct, via) if r % 2 == 0 else (via, direct)
+        runs = {u: asyncio.run(_paced(u, n, rate)) for u in order}
+        p50s.append((_pct(runs[via][0], 0.5) - _pct(runs[direct][0], 0.5)) * 1e3)
+    return p50s
+
+
 def bench_overhead_instant(n: int, rate: float, rounds: int) -> dict[str, Any]:
     """Gateway overhead in front of an upstream that answers at once (``_INSTANT``), paced
     at ``rate``: the gateway's own cost, the same way as :func:`bench_overhead`."""
@@ -439,11 +449,7 @@ def bench_overhead_instant(n: int, rate: float, rounds: int) -> dict[str, Any]:
         procs.append(_start([_GATEWAY, str(gw_port), f"http://127.0.0.1:{be_port}"], gw_port))
         direct = f"http://127.0.0.1:{be_port}/v1/completions"
         via = f"http://127.0.0.1:{gw_port}/v1/completions"
-        p50s = []
-        for r in range(rounds):
-            order = (direct, via) if r % 2 == 0 else (via, direct)
-            runs = {u: asyncio.run(_paced(u, n, rate)) for u in order}
-            p50s.append((_pct(runs[via][0], 0.5) - _pct(runs[direct][0], 0.5)) * 1e3)
+        p50s = _paired_p50s(direct, via, n, rate, rounds)
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -545,11 +551,7 @@ def bench_fleet_overhead(n: int, rate: float, rounds: int, backends: int = 4) ->
         procs.append(_start([_FLEET_GATEWAY, str(gw_port), urls, "least-requests"], gw_port))
         direct = f"http://127.0.0.1:{ports[0]}/v1/completions"
         via = f"http://127.0.0.1:{gw_port}/v1/completions"
-        p50s = []
-        for r in range(rounds):
-            order = (direct, via) if r % 2 == 0 else (via, direct)
-            runs = {u: asyncio.run(_paced(u, n, rate)) for u in order}
-            p50s.append((_pct(runs[via][0], 0.5) - _pct(runs[direct][0], 0.5)) * 1e3)
+        p50s = _paired_p50s(direct, via, n, rate, rounds)
         direct_rps = asyncio.run(_sustained(direct, 3.0, 32))
         via_rps = asyncio.run(_sustained(via, 3.0, 32))
     finally:
