@@ -46,3 +46,33 @@ class TestPoolFollower:
         """A share outside [0, 1] is refused."""
         with pytest.raises(ValueError, match=r"'share' must be in \[0, 1\]: 1.5"):
             PoolFollower(self._gate()).follow(1.5)
+
+
+def test_losing_a_backend_lengthens_retry_after() -> None:
+    """With a third of the fleet gone a token-denied request waits half as long again for
+    its bucket to refill; with the backend back, as long as before."""
+    from kvpolicy.kvmodel import Request
+
+    pool = TokenPool(
+        "p",
+        Resources(300, 10**9, 30),
+        [TokenEntitlement("a", "elastic", Resources(30, 10**8, 10), max_output_tokens=100)],
+    )
+    gate = LocalGate(TokenPoolGate(pool, 1))
+    follow = PoolFollower(gate)
+
+    def retry() -> float:
+        for i in range(1000):  # empty the bucket, then one more
+            decision = gate.check(Request(f"r{i}", 100, 100, tenant="a"))
+            if not decision.admitted:
+                for j in range(i):
+                    gate.release(f"r{j}")
+                return decision.retry_after
+        raise AssertionError("never denied")
+
+    before = retry()
+    follow.follow(2 / 3)
+    during = retry()
+    follow.follow(1.0)
+    assert during > before
+    assert retry() == pytest.approx(before, rel=0.2)
