@@ -41,9 +41,12 @@ In front of a fleet (issue 26; ``--fleet-only`` runs just these, into
 * ``fleet_overhead_p50_ms_instant_4_backends``: as ``overhead_p50_ms_instant_backend``, at
   500 requests/s, through a gateway spreading over 4 instant upstreams with
   ``least-requests`` (scrapes and health checks on), against one upstream called directly;
-  goal < 1 ms, as with one backend. ``fleet_sustained_rps_4_backends``: requests/s through
-  that gateway with 32 concurrent clients (``fleet_direct_sustained_rps``: one upstream
-  alone).
+  goal < 1 ms, as with one backend (``..._1_backends``: the same gateway over one upstream,
+  in the same run; ``_best``: the smallest round). ``fleet_sustained_rps_4_backends``:
+  requests/s through that gateway with 32 concurrent clients
+  (``fleet_direct_sustained_rps_4_backends``: one upstream alone);
+  ``fleet_gateway_cpu_ms_per_request_<n>_backends``: the gateway process's CPU time over
+  that sustained run per request served (on a shared machine, steadier than latencies).
 """
 
 from __future__ import annotations
@@ -540,6 +543,12 @@ uvicorn.run(
 """
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` used so far (Linux ``/proc``)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench_fleet_overhead(n: int, rate: float, rounds: int, backends: int = 4) -> dict[str, Any]:
     """Gateway overhead over ``backends`` instant upstreams (least-requests), paced at
     ``rate``, against one upstream called directly; then sustained requests/s."""
@@ -553,16 +562,22 @@ def bench_fleet_overhead(n: int, rate: float, rounds: int, backends: int = 4) ->
         via = f"http://127.0.0.1:{gw_port}/v1/completions"
         p50s = _paired_p50s(direct, via, n, rate, rounds)
         direct_rps = asyncio.run(_sustained(direct, 3.0, 32))
+        cpu0 = _cpu_s(procs[-1].pid)
+        start = time.perf_counter()
         via_rps = asyncio.run(_sustained(via, 3.0, 32))
+        served = via_rps * (time.perf_counter() - start)
+        cpu_ms = (_cpu_s(procs[-1].pid) - cpu0) * 1e3 / served
     finally:
         for proc in reversed(procs):
             proc.terminate()
             proc.wait(10)
     return {
         f"fleet_overhead_p50_ms_instant_{backends}_backends": _pct(p50s, 0.5),
+        f"fleet_overhead_p50_ms_instant_{backends}_backends_best": min(p50s),
         f"fleet_overhead_p50_ms_instant_{backends}_backends_rounds": [round(v, 3) for v in p50s],
         f"fleet_sustained_rps_{backends}_backends": via_rps,
-        "fleet_direct_sustained_rps": direct_rps,
+        f"fleet_gateway_cpu_ms_per_request_{backends}_backends": cpu_ms,
+        f"fleet_direct_sustained_rps_{backends}_backends": direct_rps,
     }
 
 
@@ -585,7 +600,8 @@ def main() -> None:
         figures.update(bench_routing(n // 5))
         if _has("uvicorn") and _has("httptools"):
             count, rounds = (500, 1) if args.quick else (2_000, 3)
-            figures.update(bench_fleet_overhead(count, 500.0, rounds))
+            figures.update(bench_fleet_overhead(count, 500.0, rounds, backends=1))
+            figures.update(bench_fleet_overhead(count, 500.0, rounds, backends=4))
         path = write_result("bench_gateway_fleet", figures, args.out)
         for key, value in figures.items():
             print(f"{key}: {value}")
