@@ -45,6 +45,7 @@ __all__ = [
     "backend_url",
     "build_autoscaler",
     "build_router",
+    "fleet_schemas",
     "load_backends",
     "load_routing",
 ]
@@ -296,3 +297,61 @@ def build_autoscaler(
         return build(AUTOSCALING, name, params)
     except RegistryError as err:
         raise ManifestError(f"autoscaling.autoscaler (--autoscaler): {err}") from None
+
+
+_URL = {"type": "string", "pattern": "^https?://[^/?#]+"}
+_NUMBER_GE0 = {"type": "number", "minimum": 0}
+_NUMBER_GT0 = {"type": "number", "exclusiveMinimum": 0}
+_COUNT = {"type": "integer", "minimum": 1}
+
+
+def _closed(props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": list(required),
+        "properties": props,
+    }
+
+
+def fleet_schemas() -> dict[str, dict[str, Any]]:
+    """JSON schemas of a pool manifest's ``backends``, ``routing`` and ``autoscaling``
+    sections (what :func:`load_backends`, :func:`load_routing` and
+    :func:`build_autoscaler` read)."""
+    backend = _closed(
+        {
+            "url": _URL,
+            "weight": _NUMBER_GT0,
+            "model": {"type": "string"},
+            "gpu": {"type": "string"},
+        },
+        ("url",),
+    )
+    health = _closed(
+        {
+            "interval_s": _NUMBER_GE0,
+            "timeout_s": _NUMBER_GT0,
+            "path": {"type": "string"},
+            "failures": _COUNT,
+            "backoff_s": _NUMBER_GT0,
+            "max_backoff_s": _NUMBER_GT0,
+        }
+    )
+    routing = _closed(
+        {
+            "router": {"type": "string"},
+            "params": {"type": "object"},
+            "scrape_interval_s": _NUMBER_GE0,
+            "metrics_path": {"type": "string"},
+            "max_signal_age_s": _NUMBER_GT0,
+            "block_chars": _COUNT,
+            "index_blocks": _COUNT,
+            "health": health,
+        }
+    )
+    autoscaling = _closed({"autoscaler": {"type": "string"}, "params": {"type": "object"}})
+    return {
+        "backends": {"type": "array", "items": {"oneOf": [_URL, backend]}},
+        "routing": routing,
+        "autoscaling": autoscaling,
+    }
