@@ -82,6 +82,7 @@ class Backend:
     __slots__ = (
         "_key",
         "_view",
+        "_with",
         "health",
         "in_flight",
         "index",
@@ -121,6 +122,7 @@ class Backend:
         """Raised whenever what the view shows changes (counts, scrape, draining)."""
         self._view: ReplicaView | None = None
         self._key: tuple[int, int] = (-1, -1)
+        self._with: dict[int, ReplicaView] = {}  # the view holding a prefix, by its last hash
 
     @property
     def id(self) -> str:
@@ -170,7 +172,18 @@ class Backend:
         # making (counts >= 0, usage clamped to [0, 1]) and are built unchecked.
         view = ReplicaView(**fields) if view is None else _unchecked(ReplicaView, fields)
         self._view, self._key = view, key
+        self._with.clear()
         return view
+
+    def holding(self, view: ReplicaView, run: frozenset[int], last: int) -> ReplicaView:
+        """``view`` (this backend's current one) holding the prefix ``run`` that ends with
+        block ``last``: kept while the view is, since a chained hash names its prefix."""
+        held = self._with.get(last)
+        if held is None:
+            if len(self._with) >= 1024:
+                self._with.clear()
+            held = self._with[last] = with_blocks(view, run)
+        return held
 
 
 class Fleet:
@@ -313,7 +326,7 @@ class Fleet:
             return None
         if len(cands) == 1 or self.router is None:
             return cands[0]
-        views = self._views(now, self.prefix.matching(hashes) if hashes else {}, cands)
+        views = self._views(now, self.prefix.matching(hashes) if hashes else {}, cands, hashes)
         try:
             request = {
                 "request_id": request_id or "request",
@@ -335,7 +348,11 @@ class Fleet:
         return chosen
 
     def _views(
-        self, now: float, matched: dict[str, frozenset[int]], cands: list[Backend]
+        self,
+        now: float,
+        matched: dict[str, frozenset[int]],
+        cands: list[Backend],
+        hashes: Sequence[int] = (),
     ) -> list[ReplicaView]:
         """The candidates' views for one request: rebuilt only for the backends whose view
         changed (counts, scrape, draining: ``_dirty``), or all once per scrape interval
@@ -352,7 +369,10 @@ class Fleet:
         out = []
         for b in cands:
             run = matched.get(b.spec.url)
-            out.append(cache[b] if run is None else with_blocks(cache[b], run))
+            if run is None:
+                out.append(cache[b])
+            else:
+                out.append(b.holding(cache[b], run, hashes[len(run) - 1]))
         return out
 
     def hashes(self, doc: Mapping[str, Any] | None, chat: bool) -> tuple[int, ...]:
