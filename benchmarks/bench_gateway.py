@@ -29,6 +29,28 @@
   rounds in alternating order): what a well-kept client would cost the gateway.
 * ``sustained_rps``: completed requests/s through the gateway with 32 concurrent clients
   (``direct_sustained_rps``: the backend alone).
+
+In front of a fleet (issue 26; ``--fleet-only`` runs just these, into
+``bench_gateway_fleet.json``):
+
+* ``routing_p50_us_<router>_<n>`` / ``routing_p99_us_<router>_<n>``: one routing decision
+  of the gateway in process (``Fleet.pick``: the views rebuilt where they changed, the
+  prefix index looked up, the router called) over ``n`` = 4 and 64 backends, on a
+  prefix-heavy stream (64 conversations, 8 shared blocks and 2 of their own each) with up
+  to ``2 n`` requests in flight; ``routing_cpu_*``: the same in the thread's CPU time (on
+  a shared machine the wall clock also counts the time other processes hold the core);
+  ``router_only_cpu_*``: the router's ``route`` alone on the same views (the
+  kvpolicy-admit class's own cost). Goal p99 <= 50 us at 64 backends.
+  ``load_average``: the machine's 1-minute load when they ran.
+* ``fleet_overhead_p50_ms_instant_4_backends``: as ``overhead_p50_ms_instant_backend``, at
+  500 requests/s, through a gateway spreading over 4 instant upstreams with
+  ``least-requests`` (scrapes and health checks on), against one upstream called directly;
+  goal < 1 ms, as with one backend (``..._1_backends``: the same gateway over one upstream,
+  in the same run; ``_best``: the smallest round). ``fleet_sustained_rps_4_backends``:
+  requests/s through that gateway with 32 concurrent clients
+  (``fleet_direct_sustained_rps_4_backends``: one upstream alone);
+  ``fleet_gateway_cpu_ms_per_request_<n>_backends``: the gateway process's CPU time over
+  that sustained run per request served (on a shared machine, steadier than latencies).
 """
 
 from __future__ import annotations
@@ -415,6 +437,16 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error", acc
 """
 
 
+def _paired_p50s(direct: str, via: str, n: int, rate: float, rounds: int) -> list[float]:
+    """Per round, p50 latency via the gateway minus p50 direct (ms), alternating order."""
+    p50s = []
+    for r in range(rounds):
+        order = (direct, via) if r % 2 == 0 else (via, direct)
+        runs = {u: asyncio.run(_paced(u, n, rate)) for u in order}
+        p50s.append((_pct(runs[via][0], 0.5) - _pct(runs[direct][0], 0.5)) * 1e3)
+    return p50s
+
+
 def bench_overhead_instant(n: int, rate: float, rounds: int) -> dict[str, Any]:
     """Gateway overhead in front of an upstream that answers at once (``_INSTANT``), paced
     at ``rate``: the gateway's own cost, the same way as :func:`bench_overhead`."""
@@ -424,11 +456,7 @@ def bench_overhead_instant(n: int, rate: float, rounds: int) -> dict[str, Any]:
         procs.append(_start([_GATEWAY, str(gw_port), f"http://127.0.0.1:{be_port}"], gw_port))
         direct = f"http://127.0.0.1:{be_port}/v1/completions"
         via = f"http://127.0.0.1:{gw_port}/v1/completions"
-        p50s = []
-        for r in range(rounds):
-            order = (direct, via) if r % 2 == 0 else (via, direct)
-            runs = {u: asyncio.run(_paced(u, n, rate)) for u in order}
-            p50s.append((_pct(runs[via][0], 0.5) - _pct(runs[direct][0], 0.5)) * 1e3)
+        p50s = _paired_p50s(direct, via, n, rate, rounds)
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -503,6 +531,124 @@ def bench_clients(n: int, rounds: int) -> dict[str, Any]:
     }
 
 
+ROUTERS = ("round-robin", "least-requests", "least-kv", "power-of-two", "prefix-aware", "weighted")
+
+
+def bench_routing(n: int, sizes: tuple[int, ...] = (4, 64)) -> dict[str, Any]:
+    """Routing decisions in process (see the module docstring)."""
+    import random
+
+    from prometheus_client import CollectorRegistry
+
+    from kvpolicy.kvmodel import ROUTING, RoutingRequest, build, names
+    from kvpolicy.tenancy import BackendSpec, HealthConfig, RoutingConfig, text_block_hashes
+    from kvpolicy.tenancy._fleet import Fleet
+
+    installed = set(names(ROUTING))
+    out: dict[str, Any] = {"routing_decisions": n, "load_average": os.getloadavg()[0]}
+    rng = random.Random(0)
+    convs = [f"system prompt of conversation {c}: " + "x" * 600 for c in range(64)]
+    prompts = [convs[rng.randrange(64)] + f"turn {i} " + "y" * 120 for i in range(n)]
+    hashes = [text_block_hashes(p, 64) for p in prompts]
+    for size in sizes:
+        specs = [BackendSpec(f"http://10.0.{i // 250}.{i % 250 + 1}:8000") for i in range(size)]
+        for name in ROUTERS:
+            if name not in installed:
+                out[f"routing_{name}"] = "not installed (kvpolicy-admit)"
+                continue
+            config = RoutingConfig(router=name, health=HealthConfig(interval_s=0.0))
+            fleet = Fleet(specs, config, build(ROUTING, name), CollectorRegistry())
+            held: list[tuple[Any, int]] = []
+            times: list[float] = []
+            cpu: list[float] = []
+            alone: list[float] = []
+            clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+            router = fleet.router
+            assert router is not None
+            for i in range(n):
+                h = hashes[i]
+                start, cpu_start = clock(), cpu_clock()
+                backend = fleet.pick(f"r{i}", 200, h)
+                cpu.append((cpu_clock() - cpu_start) / 1e3)
+                times.append((clock() - start) / 1e3)
+                assert backend is not None
+                if i % 16 == 0:  # the router alone, on the views it was just shown
+                    now = time.monotonic()
+                    views = [b.view(now, config, b.index.matching(h)) for b in fleet.backends]
+                    req = RoutingRequest(f"r{i}", 200, h)
+                    start = cpu_clock()
+                    router.route(req, views)
+                    alone.append((cpu_clock() - start) / 1e3)
+                fleet.begin(backend, 264, h)
+                held.append((backend, 264))
+                if len(held) > 2 * size or rng.random() < 0.3:
+                    b, t = held.pop(rng.randrange(len(held)))
+                    fleet.end(b, t)
+            key = f"{name}_{size}"
+            out[f"routing_p50_us_{key}"] = round(_pct(times, 0.5), 2)
+            out[f"routing_p99_us_{key}"] = round(_pct(times, 0.99), 2)
+            out[f"routing_cpu_p50_us_{key}"] = round(_pct(cpu, 0.5), 2)
+            out[f"routing_cpu_p99_us_{key}"] = round(_pct(cpu, 0.99), 2)
+            out[f"router_only_cpu_p50_us_{key}"] = round(_pct(alone, 0.5), 2)
+            out[f"router_only_cpu_p99_us_{key}"] = round(_pct(alone, 0.99), 2)
+    return out
+
+
+_FLEET_GATEWAY = """
+import sys, uvicorn
+from kvpolicy.tenancy import HealthConfig, Resources, RoutingConfig, TokenEntitlement
+from kvpolicy.tenancy import TokenPool, TokenPoolGate
+from kvpolicy.tenancy.gateway import Admission, LocalGate, create_app
+ent = TokenEntitlement("a", "elastic", Resources(1e9, 10**15, 10**5), max_output_tokens=16)
+pool = TokenPool("bench", Resources(1e10, 2**53, 10**6), [ent])
+gate = LocalGate(TokenPoolGate(pool, 1))
+routing = RoutingConfig(router=sys.argv[3], health=HealthConfig(path="/v1/models"))
+app = create_app(Admission(gate, {"k": "a"}), sys.argv[2].split(","), routing=routing)
+uvicorn.run(
+    app, host="127.0.0.1", port=int(sys.argv[1]), log_level="critical", access_log=False,
+    proxy_headers=False,
+)
+"""
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` used so far (Linux ``/proc``)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_fleet_overhead(n: int, rate: float, rounds: int, backends: int = 4) -> dict[str, Any]:
+    """Gateway overhead over ``backends`` instant upstreams (least-requests), paced at
+    ``rate``, against one upstream called directly; then sustained requests/s."""
+    ports = [_free_port() for _ in range(backends)]
+    procs = [_start([_INSTANT, str(p)], p) for p in ports]
+    gw_port = _free_port()
+    urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    try:
+        procs.append(_start([_FLEET_GATEWAY, str(gw_port), urls, "least-requests"], gw_port))
+        direct = f"http://127.0.0.1:{ports[0]}/v1/completions"
+        via = f"http://127.0.0.1:{gw_port}/v1/completions"
+        p50s = _paired_p50s(direct, via, n, rate, rounds)
+        direct_rps = asyncio.run(_sustained(direct, 3.0, 32))
+        cpu0 = _cpu_s(procs[-1].pid)
+        start = time.perf_counter()
+        via_rps = asyncio.run(_sustained(via, 3.0, 32))
+        served = via_rps * (time.perf_counter() - start)
+        cpu_ms = (_cpu_s(procs[-1].pid) - cpu0) * 1e3 / served
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            proc.wait(10)
+    return {
+        f"fleet_overhead_p50_ms_instant_{backends}_backends": _pct(p50s, 0.5),
+        f"fleet_overhead_p50_ms_instant_{backends}_backends_best": min(p50s),
+        f"fleet_overhead_p50_ms_instant_{backends}_backends_rounds": [round(v, 3) for v in p50s],
+        f"fleet_sustained_rps_{backends}_backends": via_rps,
+        f"fleet_gateway_cpu_ms_per_request_{backends}_backends": cpu_ms,
+        f"fleet_direct_sustained_rps_{backends}_backends": direct_rps,
+    }
+
+
 def _has(module: str) -> bool:
     import importlib.util
 
@@ -510,9 +656,25 @@ def _has(module: str) -> bool:
 
 
 def main() -> None:
-    args = parse_args(__doc__ or "")
+    args = parse_args(
+        __doc__ or "",
+        lambda p: p.add_argument(
+            "--fleet-only", action="store_true", help="only the fleet figures (issue 26)"
+        ),
+    )
     n = 5_000 if args.quick else 50_000
     figures: dict[str, Any] = {"cpu_cores": os.cpu_count()}
+    if args.fleet_only:
+        figures.update(bench_routing(n // 5))
+        if _has("uvicorn") and _has("httptools"):
+            count, rounds = (500, 1) if args.quick else (2_000, 3)
+            figures.update(bench_fleet_overhead(count, 500.0, rounds, backends=1))
+            figures.update(bench_fleet_overhead(count, 500.0, rounds, backends=4))
+        path = write_result("bench_gateway_fleet", figures, args.out)
+        for key, value in figures.items():
+            print(f"{key}: {value}")
+        print(path)
+        return
     figures.update(bench_in_process(n))
     binary = shutil.which("redis-server")
     missing = [m for m in ("redis", "uvicorn", "httptools") if not _has(m)]

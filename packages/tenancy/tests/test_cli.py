@@ -111,3 +111,25 @@ def test_serve_answers_over_loopback() -> None:
     assert "API keys for" in err
     assert "state in this process" in err
     assert "/metrics and /healthz with KVPOLICY_ADMIN_KEY" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "no backend: give '--backend URL' or a 'backends:' list"),
+        (["--backend", "ftp://a:1"], "'--backend' must be an http:// or https:// URL"),
+        (["--backend", "http://a:1", "--backend", "http://a:1/"], "is given twice"),
+        (
+            ["--backend", "http://a:1", "--backend", "http://b:1", "--router", "nearest"],
+            "unknown router 'nearest'; known: least-kv, least-requests, mixing",
+        ),
+        (["--backend", "http://a:1", "--autoscaler", "grow"], "unknown autoscaler 'grow'"),
+    ],
+)
+def test_serve_refuses_a_bad_fleet(args: list[str], message: str) -> None:
+    """A bad backend, router or autoscaler stops `serve` before it listens, naming it."""
+    config = ["--config", str(TENANCY / "examples" / "pool.yaml")]
+    keys = ["--api-keys", str(TENANCY / "examples" / "api-keys.yaml")]
+    code, out = _invoke("serve", *config, *keys, *args)
+    assert code != 0
+    assert message in " ".join(out.split())

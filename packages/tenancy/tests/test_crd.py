@@ -65,3 +65,18 @@ def test_schema_rejects_what_the_loader_rejects() -> None:
     spec = dict(custom_resources(load_manifest(base))[1])
     spec["spec"] = {**spec["spec"], "burst": {"tokens_per_s": 1}}
     assert not jsonschema.Draft202012Validator(_spec_schema("TokenEntitlement")).is_valid(spec)
+
+
+def test_the_fleet_example_validates_against_the_manifest_schema() -> None:
+    """The fleet manifest's backends, routing and autoscaling sections are in the schema;
+    a bad one is refused by it as by the loader."""
+    from kvpolicy.tenancy import ManifestError, load_backends
+
+    validator = jsonschema.Draft202012Validator(manifest_schema())
+    doc = yaml.safe_load((ROOT / "examples" / "pool-fleet.yaml").read_text())
+    validator.validate(doc)
+    assert len(load_backends((), doc)) == 3
+    doc["backends"][0]["url"] = "ftp://x"
+    assert not validator.is_valid(doc)
+    with pytest.raises(ManifestError, match=r"backends\[0\]\.url"):
+        load_backends((), doc)

@@ -302,7 +302,7 @@ def test_unreachable_backend_and_bad_arguments() -> None:
             await Upstream(url).request("GET", "/v1/models")
 
     asyncio.run(main())
-    with pytest.raises(ValueError, match="'backend' must be an http:// URL"):
-        Upstream("https://example.invalid")
+    with pytest.raises(ValueError, match=r"'backend' must be an http\(s\):// URL"):
+        Upstream("ftp://example.invalid")
     with pytest.raises(ValueError, match="'read_timeout_s' must be > 0: 0"):
         Upstream("http://127.0.0.1:1", read_timeout_s=0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kvpolicy.tenancy.__about__ import __version__
 from kvpolicy.tenancy._autoscale import TokenPoolAutoscaler
+from kvpolicy.tenancy._backends import BackendSpec, RoutingConfig, load_backends, load_routing
 from kvpolicy.tenancy._classes import (
     DEDICATED,
     ELASTIC,
@@ -24,6 +25,7 @@ from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPoo
 from kvpolicy.tenancy._errors import ManifestError, TenancyError, UnknownRequestError
 from kvpolicy.tenancy._experiments import replay_experiment
 from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate, admission_decision
+from kvpolicy.tenancy._health import HealthConfig
 from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy, RedisLeaseGate
 from kvpolicy.tenancy._manifest import (
     dump_manifest,
@@ -41,6 +43,7 @@ from kvpolicy.tenancy._math import (
     service_gap,
     update_debt,
 )
+from kvpolicy.tenancy._prefix_index import PrefixIndex, prompt_text, text_block_hashes
 from kvpolicy.tenancy._refresh import (
     RefreshConfig,
     SharedThroughputRefresh,
@@ -48,6 +51,7 @@ from kvpolicy.tenancy._refresh import (
     refresh_factor,
 )
 from kvpolicy.tenancy._shares import token_pool_gateway
+from kvpolicy.tenancy._signals import MetricsError, parse_vllm_metrics
 from kvpolicy.tenancy._store import (
     EntitlementState,
     Holding,
@@ -63,18 +67,23 @@ __all__ = [
     "PREEMPTIBLE",
     "SERVICE_CLASSES",
     "SPOT",
+    "BackendSpec",
     "EntitlementState",
     "GateConfig",
+    "HealthConfig",
     "Holding",
     "InMemoryStateStore",
     "LeaseRelease",
     "ManifestError",
+    "MetricsError",
     "OutagePolicy",
     "PoolState",
+    "PrefixIndex",
     "PriorityCoefficients",
     "RedisLeaseGate",
     "RefreshConfig",
     "Resources",
+    "RoutingConfig",
     "ServiceClass",
     "SharedThroughputRefresh",
     "StateStore",
@@ -92,17 +101,22 @@ __all__ = [
     "custom_resources",
     "dump_manifest",
     "ewma",
+    "load_backends",
     "load_gate",
     "load_lease_gate",
     "load_manifest",
+    "load_routing",
     "load_yaml",
     "manifest_schema",
+    "parse_vllm_metrics",
     "priority_weight",
+    "prompt_text",
     "refresh_factor",
     "replay_experiment",
     "retry_after",
     "service_class",
     "service_gap",
+    "text_block_hashes",
     "token_pool_gateway",
     "update_debt",
 ]

@@ -29,7 +29,25 @@ def group() -> None:
 
 @group.command("serve")
 @click.option("--config", "config", type=click.Path(exists=True, dir_okay=False), required=True)
-@click.option("--backend", required=True, help="Base URL of the OpenAI-compatible backend.")
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    help="Base URL of an OpenAI-compatible backend (repeat for a fleet; or the manifest's "
+    "'backends:' list).",
+)
+@click.option(
+    "--router",
+    default=None,
+    help="How requests are spread over several backends: a `kvpolicy.routing` entry point "
+    "(default: the manifest's routing.router, else least-requests).",
+)
+@click.option(
+    "--autoscaler",
+    default=None,
+    help="A `kvpolicy.autoscaling` entry point whose target is exported as "
+    "kvpolicy_desired_replicas (default: the manifest's autoscaling.autoscaler).",
+)
 @click.option("--api-keys", type=click.Path(exists=True, dir_okay=False), required=True)
 @click.option("--redis", "redis_url", default=None, help="redis://host:port/db (replicas).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -58,7 +76,9 @@ def group() -> None:
 )
 def serve(
     config: str,
-    backend: str,
+    backends: tuple[str, ...],
+    router: str | None,
+    autoscaler: str | None,
     api_keys: str,
     redis_url: str | None,
     host: str,
@@ -78,6 +98,7 @@ def serve(
             LocalGate,
             create_admin_app,
             create_app,
+            fleet_settings,
             load_api_keys,
         )
         from kvpolicy.tenancy.gateway import serve as serve_gateway
@@ -87,6 +108,7 @@ def serve(
             f"pip install --find-links dist 'kvpolicy-tenancy[gateway]' ({err})"
         ) from err
     try:
+        fleet = fleet_settings(config, backends, router, autoscaler)
         keys = load_api_keys(api_keys)
         if redis_url:
             gate: Any = load_lease_gate(config, bytes_per_token, redis_url)
@@ -96,7 +118,16 @@ def serve(
         raise click.ClickException(str(err)) from err
     admission = Admission(gate, keys, models=models or None)
     admin_key = os.environ.get("KVPOLICY_ADMIN_KEY") or None
-    app = create_app(admission, backend, admin_key=admin_key)
+    app: Any = create_app(
+        admission,
+        fleet.backends,
+        admin_key=admin_key,
+        routing=fleet.routing,
+        autoscaler=fleet.autoscaler,
+    )
+    backend = ", ".join(b.url for b in fleet.backends)
+    if len(fleet.backends) > 1 and fleet.routing is not None:
+        backend += f" (router {fleet.routing.router})"
     click.echo(
         _banner(config, backend, host, port, keys, redis_url, admin_port, admin_key), err=True
     )
@@ -104,7 +135,7 @@ def serve(
         app,
         host=host,
         port=port,
-        admin_app=create_admin_app(admission) if admin_port is not None else None,
+        admin_app=create_admin_app(admission, app.fleet) if admin_port is not None else None,
         admin_port=admin_port,
     )
 

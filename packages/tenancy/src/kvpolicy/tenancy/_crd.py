@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvpolicy.tenancy._backends import fleet_schemas
 from kvpolicy.tenancy._classes import SERVICE_CLASSES
 from kvpolicy.tenancy._entitlements import TokenPool
 from kvpolicy.tenancy._manifest import (
@@ -78,6 +79,7 @@ def manifest_schema() -> dict[str, Any]:
         entitlements={"type": "array", "items": ent},
         default=default,
         gate=_obj(_GATE_KEYS, ()),
+        **fleet_schemas(),
     )
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
 

@@ -33,6 +33,7 @@ _ENTITLEMENT_KEYS = frozenset(
 )
 _POOL_KEYS = frozenset({"name", "capacity"})
 _TOP_KEYS = frozenset({"pool", "entitlements", "default", "gate"})
+_TOP_KEYS |= {"backends", "routing", "autoscaling"}  # a gateway's fleet (read by _backends)
 _COEFFICIENT_KEYS = frozenset({"alpha_slo", "alpha_burst", "alpha_debt", "gamma_d", "gamma_b"})
 _GATE_KEYS = _COEFFICIENT_KEYS | {
     "update_interval_s",

@@ -11,12 +11,20 @@ decides the gateway's added latency under load (see ``benchmarks/bench_gateway.p
 from __future__ import annotations
 
 import asyncio
+import ssl
 import urllib.parse
 from collections.abc import Callable
 
 import httptools
 
-__all__ = ["Upstream", "UpstreamError", "UpstreamReply", "UpstreamTimeoutError"]
+__all__ = [
+    "Upstream",
+    "UpstreamConnectError",
+    "UpstreamError",
+    "UpstreamNoAnswerError",
+    "UpstreamReply",
+    "UpstreamTimeoutError",
+]
 
 
 class UpstreamError(Exception):
@@ -25,6 +33,20 @@ class UpstreamError(Exception):
 
 class UpstreamTimeoutError(UpstreamError):
     """The backend did not connect, or was silent for longer than the read timeout."""
+
+
+class UpstreamConnectError(UpstreamError):
+    """No connection could be made: nothing of the request reached the backend (a gateway
+    with several backends may send it to another)."""
+
+
+class UpstreamConnectTimeoutError(UpstreamTimeoutError, UpstreamConnectError):
+    """No connection was made within the connect timeout (nothing was sent)."""
+
+
+class UpstreamNoAnswerError(UpstreamError):
+    """The backend closed the connection before a byte of its answer came (it died, or
+    dropped the request): the client has seen nothing of it."""
 
 
 class UpstreamReply(asyncio.Protocol):
@@ -78,7 +100,8 @@ class UpstreamReply(asyncio.Protocol):
         self._transport = None
         if not self._done:
             why = f": {exc}" if exc else ""
-            self.fail(UpstreamError(f"the backend closed the connection{why}"))
+            cls = UpstreamError if self._received else UpstreamNoAnswerError
+            self.fail(cls(f"the backend closed the connection{why}"))
 
     # -- httptools callbacks -----------------------------------------------------------
 
@@ -221,8 +244,8 @@ class Upstream:
     ) -> None:
         """See the class docstring."""
         url = urllib.parse.urlsplit(base_url)
-        if url.scheme != "http" or not url.hostname:
-            raise ValueError(f"'backend' must be an http:// URL with a host: {base_url!r}")
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"'backend' must be an http(s):// URL with a host: {base_url!r}")
         for name, value in (
             ("connect_timeout_s", connect_timeout_s),
             ("read_timeout_s", read_timeout_s),
@@ -231,7 +254,8 @@ class Upstream:
             if not value > 0:
                 raise ValueError(f"'{name}' must be > 0: {value!r}")
         self.host = url.hostname
-        self.port = url.port or 80
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self._ssl = ssl.create_default_context() if url.scheme == "https" else None
         self.prefix = url.path.rstrip("/")
         self.connect_timeout_s = float(connect_timeout_s)
         self.read_timeout_s = float(read_timeout_s)
@@ -243,14 +267,16 @@ class Upstream:
         loop = asyncio.get_running_loop()
         try:
             _, reply = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamReply(self), self.host, self.port),
+                loop.create_connection(
+                    lambda: UpstreamReply(self), self.host, self.port, ssl=self._ssl
+                ),
                 self.connect_timeout_s,
             )
         except TimeoutError as err:
             msg = f"no connection to {self.host}:{self.port} in {self.connect_timeout_s:g} s"
-            raise UpstreamTimeoutError(msg) from err
+            raise UpstreamConnectTimeoutError(msg) from err
         except OSError as err:
-            raise UpstreamError(f"cannot connect to {self.host}:{self.port}: {err}") from err
+            raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {err}") from err
         return reply
 
     async def request(

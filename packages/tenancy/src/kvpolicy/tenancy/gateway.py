@@ -30,8 +30,9 @@ import math
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from typing import Any, Protocol
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
@@ -42,7 +43,20 @@ from kvpolicy.tenancy._front import FrontLimits, front_protocol
 from kvpolicy.tenancy._gate import TokenPoolGate
 from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy
 from kvpolicy.tenancy._refresh import RefreshConfig, SharedThroughputRefresh, ThroughputRefresh
-from kvpolicy.tenancy._upstream import Upstream, UpstreamError, UpstreamTimeoutError
+from kvpolicy.tenancy._upstream import (
+    Upstream,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamNoAnswerError,
+    UpstreamTimeoutError,
+)
+
+_NOTHING_SEEN = (UpstreamConnectError, UpstreamNoAnswerError)  # may go to another backend
+
+if TYPE_CHECKING:
+    from kvpolicy.kvmodel import Autoscaler, Router
+    from kvpolicy.tenancy._backends import BackendSpec, RoutingConfig
+    from kvpolicy.tenancy._fleet import Backend, Fleet
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -51,6 +65,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 __all__ = [
     "Admission",
+    "FleetSettings",
     "FrontLimits",
     "Gate",
     "LocalGate",
@@ -60,6 +75,7 @@ __all__ = [
     "create_admin_app",
     "create_app",
     "estimate_prompt_tokens",
+    "fleet_settings",
     "load_api_keys",
     "main",
     "serve",
@@ -457,6 +473,8 @@ class Ticket:
 
     __slots__ = (
         "body",
+        "chat",
+        "doc",
         "done",
         "first",
         "max_tokens",
@@ -484,6 +502,8 @@ class Ticket:
         self.tail = b""
         self.done = False
         self.first = 0.0  # when the answer's first bytes came (0: none yet)
+        self.doc: Mapping[str, Any] | None = None  # the parsed body (a fleet routes on it)
+        self.chat = False
 
     @property
     def tenant(self) -> str:
@@ -653,7 +673,9 @@ class Admission:
             )
         self._admitted(tenant).inc()
         self._in_flight(tenant).inc()
-        return Ticket(req, body, bool(doc.get("stream")), mt)
+        ticket = Ticket(req, body, bool(doc.get("stream")), mt)
+        ticket.doc, ticket.chat = doc, chat
+        return ticket
 
     def observe(self, ticket: Ticket, chunk: bytes) -> None:
         """Count output tokens in a response body chunk.
@@ -832,13 +854,13 @@ class _Gateway:
     def __init__(
         self,
         admission: Admission,
-        upstream: Upstream,
+        fleet: Fleet,
         renew_interval_s: float,
         body_timeout_s: float,
         admin_key: str | None,
     ) -> None:
         self.admission = admission
-        self.upstream = upstream
+        self.fleet = fleet
         self.renew_interval_s = renew_interval_s
         self.body_timeout_s = body_timeout_s
         self.admin_key = admin_key.encode() if admin_key else None
@@ -884,6 +906,7 @@ class _Gateway:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
                     self._renewer = asyncio.create_task(self._renew_loop())
+                    self.fleet.start()
                     if self.admission.refresh is not None:
                         self._ticker = asyncio.create_task(self._tick_loop())
                     await send({"type": "lifespan.startup.complete"})
@@ -899,7 +922,7 @@ class _Gateway:
             if task is not None:
                 task.cancel()
         self._renewer = self._ticker = None
-        self.upstream.close()
+        await self.fleet.stop()
         await self.admission.aclose()
 
     async def _renew_loop(self) -> None:
@@ -971,20 +994,64 @@ class _Gateway:
             await adm.afinish(ticket)
 
     async def _forward(self, ticket: Ticket, path: str, send: Send) -> None:
+        """Send the request to the backend the fleet picks and relay its answer. A backend
+        that cannot be connected to (nothing of the request reached it), or that closes
+        the connection before a byte of its answer (it died: the client has seen nothing),
+        is ejected and the request goes to another backend, once; any other failure (a
+        timeout, a broken answer) ends the request there and is reported: it is released
+        once, never charged twice."""
+        fleet = self.fleet
+        req = ticket.request
+        charge = req.prompt_len + ticket.max_tokens
+        hashes = fleet.hashes(ticket.doc, ticket.chat)
+        tried: Backend | None = None
+        while True:
+            backend = fleet.pick(req.request_id, req.prompt_len, hashes, req.tenant, tried)
+            if backend is None:
+                await _send_reply(send, self._no_backend(tried is not None))
+                return
+            fleet.begin(backend, charge, hashes)
+            try:
+                upstream = await backend.upstream.request("POST", path, ticket.body)
+            except UpstreamError as err:
+                fleet.end(backend, charge)
+                timeout = isinstance(err, UpstreamTimeoutError)
+                fleet.failed(backend, "timeout" if timeout else "connect", str(err))
+                if isinstance(err, _NOTHING_SEEN) and tried is None:
+                    tried = backend
+                    if len(fleet.backends) > 1:
+                        fleet.m_failovers.inc()
+                        _log.warning("%r goes to another backend: %s", req.request_id, err)
+                        continue
+                if timeout:
+                    reply = _error(504, "Backend timed out.", "api_error", "backend-timeout")
+                else:
+                    reply = _error(502, f"Backend unreachable: {err}", "api_error", "backend-error")
+                await _send_reply(send, reply)
+                return
+            except BaseException:
+                fleet.end(backend, charge)
+                raise
+            try:
+                await self._relay(ticket, backend, upstream, send)
+            finally:
+                fleet.end(backend, charge, ticket.produced() or 0)
+            return
+
+    def _no_backend(self, failed: bool) -> Reply:
+        if failed:
+            msg = "Backend unreachable, and no other backend can take the request."
+            return _error(502, msg, "api_error", "backend-error")
+        retry = str(math.ceil(self.fleet.retry_after_s()))
+        msg = "No backend can take requests now (all ejected or draining)."
+        return _error(503, msg, "api_error", "no-backend", {"Retry-After": retry})
+
+    async def _relay(self, ticket: Ticket, backend: Backend, upstream: Any, send: Send) -> None:
         adm = self.admission
-        try:
-            upstream = await self.upstream.request("POST", path, ticket.body)
-        except UpstreamTimeoutError:
-            await _send_reply(
-                send, _error(504, "Backend timed out.", "api_error", "backend-timeout")
-            )
-            return
-        except UpstreamError as err:
-            reply = _error(502, f"Backend unreachable: {err}", "api_error", "backend-error")
-            await _send_reply(send, reply)
-            return
         default = b"text/event-stream" if ticket.stream else b"application/json"
         headers = [(b"content-type", upstream.content_type or default)]
+        if upstream.status >= 500:
+            self.fleet.failed(backend, "5xx", f"status {upstream.status}")
         try:
             await send(
                 {"type": "http.response.start", "status": upstream.status, "headers": headers}
@@ -996,16 +1063,23 @@ class _Gateway:
                 adm.observe(ticket, chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
+            if upstream.status < 500:
+                self.fleet.succeeded(backend)
         except UpstreamError as err:  # the backend broke off or fell silent: end here
             _log.warning("backend broke off %r: %s", ticket.request.request_id, err)
+            kind = "timeout" if isinstance(err, UpstreamTimeoutError) else "broken"
+            self.fleet.failed(backend, kind, str(err))
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": b""})
         finally:
             upstream.release()
 
     async def _models(self, admin: bool) -> Reply:
+        backend = self.fleet.pick("models", 1)
+        if backend is None:
+            return self._no_backend(False)
         try:
-            upstream = await self.upstream.request("GET", "/v1/models")
+            upstream = await backend.upstream.request("GET", "/v1/models")
             try:
                 content = await upstream.read()
                 status, ctype = upstream.status, upstream.content_type or b"application/json"
@@ -1018,7 +1092,10 @@ class _Gateway:
     async def _healthz(self, admin: bool) -> Reply:
         if not admin:  # alive, and nothing more: the load is the operator's to see
             return _json({"status": "ok"})
-        return _json({"status": "ok", "held": self.admission.gate.held()})
+        doc: dict[str, Any] = {"status": "ok", "held": self.admission.gate.held()}
+        if len(self.fleet.backends) > 1:
+            doc["backends"] = self.fleet.state()
+        return _json(doc)
 
     async def _metrics(self, admin: bool) -> Reply:
         return self.admission.metrics() if admin else _ADMIN_ONLY
@@ -1037,13 +1114,16 @@ async def _send_reply(send: Send, reply: Reply) -> None:
 
 def create_app(
     admission: Admission,
-    backend: str,
+    backend: str | Sequence[str | BackendSpec],
     *,
     timeout_s: float = 600.0,
     connect_timeout_s: float = 5.0,
     body_timeout_s: float = 30.0,
     renew_interval_s: float = 5.0,
     admin_key: str | None = None,
+    routing: RoutingConfig | None = None,
+    router: Router | None = None,
+    autoscaler: Autoscaler | None = None,
 ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     """The gateway: OpenAI-compatible endpoints proxied to ``backend`` (a base URL whose
     ``/v1/...`` paths serve the models), plus ``/metrics`` and ``/healthz``. An ASGI
@@ -1058,20 +1138,57 @@ def create_app(
     admin key, to nobody: serve :func:`create_admin_app` on a private listener instead);
     without it ``/healthz`` says only that the gateway is up.
 
+    Several backends (a list of URLs or :class:`~kvpolicy.tenancy.BackendSpec`) are routed
+    over by ``router`` (default: the one ``routing`` names, built from the
+    ``kvpolicy.routing`` entry points), scraped, health-checked and ejected as ``routing``
+    says; the gate's token rates follow the healthy share of the fleet, and ``autoscaler``'s
+    target is exported as ``kvpolicy_desired_replicas``. One backend given as a URL is
+    proxied to as before: no scrapes or checks unless ``routing`` asks for them.
+
     Raises:
-        ValueError: ``backend`` is not an ``http://`` URL, or a time is not positive.
+        ValueError: a backend that is not an ``http(s)://`` URL, given twice, none, an
+            unknown router (the known ones listed), or a time that is not positive.
     """
+    from kvpolicy.tenancy._backends import RoutingConfig, build_router, load_backends
+    from kvpolicy.tenancy._fleet import Fleet
+    from kvpolicy.tenancy._fleet_pool import PoolFollower
+    from kvpolicy.tenancy._health import HealthConfig
+
     for name, value in (("renew_interval_s", renew_interval_s), ("body_timeout_s", body_timeout_s)):
         if not value > 0:
             raise ValueError(f"'{name}' must be > 0: {value!r}")
-    upstream = Upstream(backend, read_timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
-    return _Gateway(admission, upstream, renew_interval_s, body_timeout_s, admin_key)
+    specs = load_backends([backend] if isinstance(backend, str) else backend)
+    if routing is None and len(specs) == 1:  # one backend: proxied to as before
+        routing = RoutingConfig(scrape_interval_s=0.0, health=HealthConfig(interval_s=0.0))
+    routing = RoutingConfig() if routing is None else routing
+    if router is None and len(specs) > 1:
+        router = build_router(routing)
+
+    def upstream(url: str) -> Upstream:
+        return Upstream(url, read_timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+
+    fleet = Fleet(
+        specs,
+        routing,
+        router,
+        admission.registry,
+        pool_name=admission.gate.pool.name,
+        follower=PoolFollower(admission.gate) if len(specs) > 1 else None,
+        autoscaler=autoscaler,
+        upstream=upstream,
+    )
+    return _Gateway(admission, fleet, renew_interval_s, body_timeout_s, admin_key)
 
 
-def create_admin_app(admission: Admission) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+def create_admin_app(
+    admission: Admission, fleet: Fleet | None = None
+) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     """``/metrics`` and ``/healthz`` (with the load) of ``admission``, without a key: an ASGI
     application for a listener that only operators reach (a loopback or cluster-internal
-    port), beside :func:`create_app`'s on the public one."""
+    port), beside :func:`create_app`'s on the public one. With the gateway's ``fleet``
+    (``app.fleet``), also ``GET /backends`` (each backend's state, load and signals) and
+    ``POST /backends/drain?url=URL`` (``/backends/undrain``): a draining backend finishes
+    what it has and gets nothing new (before scaling it down)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -1079,7 +1196,9 @@ def create_admin_app(admission: Admission) -> Callable[[Scope, Receive, Send], A
                 await _refuse_websocket(receive, send)
             return
         path = scope["path"]
-        if path == "/metrics":
+        if fleet is not None and path.startswith("/backends"):
+            reply = _backends_page(fleet, path, scope)
+        elif path == "/metrics":
             reply = admission.metrics()
         elif path == "/healthz":
             reply = _json({"status": "ok", "held": admission.gate.held()})
@@ -1088,6 +1207,20 @@ def create_admin_app(admission: Admission) -> Callable[[Scope, Receive, Send], A
         await reply(scope, receive, send)
 
     return app
+
+
+def _backends_page(fleet: Fleet, path: str, scope: Scope) -> Reply:
+    if path == "/backends":
+        return _json({"backends": fleet.state(), "healthy_share": fleet.share()})
+    if path not in ("/backends/drain", "/backends/undrain"):
+        return _NOT_FOUND
+    if scope["method"] != "POST":
+        return _NOT_ALLOWED
+    query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    url = (query.get("url") or [""])[0].rstrip("/")
+    if not fleet.drain(url, path.endswith("/drain")):
+        return _error(404, f"No backend {_short(url)}.", "invalid_request_error", "backend")
+    return _json({"backends": fleet.state()})
 
 
 def _from_env() -> Admission:
@@ -1219,7 +1352,14 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m kvpolicy.tenancy.gateway")
     p.add_argument("--config", required=True, help="pool manifest (JSON or YAML)")
-    p.add_argument("--backend", required=True, help="base URL of the backend")
+    p.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        help="base URL of a backend (repeat for several; or the manifest's 'backends:')",
+    )
+    p.add_argument("--router", default=None, help="kvpolicy.routing entry point (several backends)")
+    p.add_argument("--autoscaler", default=None, help="kvpolicy.autoscaling entry point")
     p.add_argument("--api-keys", required=True, help="API key -> tenant file")
     p.add_argument("--redis", default=None, help="redis://host:port/db (replicas)")
     p.add_argument("--namespace", default="kvpolicy", help="Redis key prefix of the pool")
@@ -1257,6 +1397,7 @@ def main(argv: list[str] | None = None) -> None:
         "exceed a limit by that much per other replica)",
     )
     args = p.parse_args(argv)
+    fleet = fleet_settings(args.config, args.backend, args.router, args.autoscaler)
     keys = load_api_keys(args.api_keys)
     gate: Gate
     refresh: ThroughputRefresh | None = None
@@ -1295,11 +1436,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     app = create_app(
         admission,
-        args.backend,
+        fleet.backends,
         timeout_s=args.timeout,
         body_timeout_s=args.body_timeout,
         renew_interval_s=args.renew_interval,
         admin_key=os.environ.get("KVPOLICY_ADMIN_KEY") or None,
+        routing=fleet.routing,
+        autoscaler=fleet.autoscaler,
     )
     limits = FrontLimits(args.max_header_bytes, args.max_headers, args.header_timeout)
     serve(
@@ -1307,10 +1450,58 @@ def main(argv: list[str] | None = None) -> None:
         host=args.host,
         port=args.port,
         limits=limits,
-        admin_app=create_admin_app(admission) if args.admin_port is not None else None,
+        admin_app=create_admin_app(admission, cast(_Gateway, app).fleet)
+        if args.admin_port is not None
+        else None,
         admin_port=args.admin_port,
         limit_concurrency=args.limit_concurrency,
     )
+
+
+class FleetSettings(NamedTuple):
+    """The backends, routing and autoscaler of a gateway (see :func:`fleet_settings`)."""
+
+    backends: tuple[BackendSpec, ...]
+    routing: RoutingConfig | None
+    autoscaler: Autoscaler | None
+
+
+def fleet_settings(
+    config: str | os.PathLike[str] | Mapping[str, Any],
+    backends: Sequence[str] = (),
+    router: str | None = None,
+    autoscaler: str | None = None,
+) -> FleetSettings:
+    """The fleet of a pool manifest and the ``--backend``/``--router``/``--autoscaler``
+    flags, checked before anything starts (routing is None for one ``--backend`` and no
+    ``routing:`` section: it is proxied to as before).
+
+    Raises:
+        ManifestError: a bad backend (not http(s), given twice, none at all), an unknown
+            router or autoscaler (the installed ones listed), or a bad routing setting.
+    """
+    import pathlib
+
+    from kvpolicy.tenancy._backends import (
+        build_autoscaler,
+        build_router,
+        load_backends,
+        load_routing,
+    )
+    from kvpolicy.tenancy._manifest import _read, load_manifest
+
+    raw = config if isinstance(config, Mapping) else _read(pathlib.Path(config))
+    if not isinstance(raw, Mapping):
+        raw = {}
+    specs = load_backends(backends, raw)
+    routing = None
+    if len(specs) > 1 or raw.get("routing") or router is not None:
+        routing = load_routing(raw, router)
+        if len(specs) > 1:
+            build_router(routing)  # an unknown router fails here, before serving
+    pool = load_manifest(raw)
+    scaler = build_autoscaler(raw, autoscaler, pool, len(specs))
+    return FleetSettings(specs, routing, scaler)
 
 
 def _outage(pairs: list[str] | None) -> OutagePolicy:

@@ -1,7 +1,16 @@
 """An OpenAI-compatible HTTP server over :class:`LiveEngine` (Starlette, served by uvicorn).
 
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` (``stream: true`` answers with
-server-sent events, as the OpenAI API does), ``GET /v1/models`` and ``GET /healthz``.
+server-sent events, as the OpenAI API does), ``GET /v1/models``, ``GET /health`` (vLLM's
+name; ``/healthz`` too) and ``GET /metrics``: vLLM's gauges in the Prometheus text format
+under vLLM's names (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+``vllm:kv_cache_usage_perc``, ``vllm:cache_config_info`` with ``block_size`` and
+``num_gpu_blocks``, the counter ``vllm:prefix_cache_hits_total`` in tokens), so that a
+gateway routes over simulated servers as over vLLM ones.
+
+The prefix cache works on the prompt's text: each full block of ``block_size`` tokens is
+``4 * block_size`` characters of the prompt (each chat message's role and text in order),
+hashed and chained, so that requests sharing a prefix share KV blocks.
 
 What is simulated: a prompt counts one token per 4 characters of its text (plus 4 per chat
 message for the role markup), the common rule of thumb for English text; a request always
@@ -20,8 +29,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from kvpolicy.sim.backend._live import LiveEngine, RequestTooLongError
+from kvpolicy.tenancy import prompt_text, text_block_hashes
 
-__all__ = ["count_prompt_tokens", "create_app"]
+__all__ = ["count_prompt_tokens", "create_app", "metrics_text", "prompt_block_hashes"]
 
 _CHAT_DEFAULT = 256
 _COMPLETION_DEFAULT = 16
@@ -55,6 +65,37 @@ def count_prompt_tokens(body: dict[str, Any], chat: bool) -> int:
     if not isinstance(prompt, str):
         raise ValueError("'prompt' must be a string or a list of strings")
     return max(len(prompt) // 4, 1)
+
+
+def prompt_block_hashes(body: dict[str, Any], chat: bool, block_size: int) -> tuple[int, ...]:
+    """Chained hashes of the prompt text's full blocks of ``4 * block_size`` characters
+    (see the module docstring): the text and hashes of the gateway's approximate prefix
+    index (kvpolicy-tenancy), at this server's block granularity."""
+    return text_block_hashes(prompt_text(body, chat), 4 * block_size)
+
+
+def metrics_text(engine: LiveEngine, model_name: str) -> str:
+    """vLLM's gauges of ``engine`` now, in the Prometheus text format (vLLM's names)."""
+    running, waiting, usage, blocks = engine.load()
+    label = f'model_name="{model_name}"'
+    lines = [
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{{{label}}} {running}",
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{{{label}}} {waiting}",
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{{{label}}} {usage!r}",
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+        "# TYPE vllm:cache_config_info gauge",
+        f'vllm:cache_config_info{{block_size="{engine.block_size}",num_gpu_blocks="{blocks}"}} 1.0',
+        "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in cached tokens.",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        f"vllm:prefix_cache_hits_total{{{label}}} {engine.prefix_hit_tokens}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _max_tokens(body: dict[str, Any], chat: bool) -> int:
@@ -95,6 +136,9 @@ def create_app(engine: LiveEngine, model_name: str) -> Any:
     async def healthz(_request: Request) -> Response:
         return JSONResponse({"status": "ok", "in_flight": engine.in_flight})
 
+    async def metrics(_request: Request) -> Response:
+        return Response(metrics_text(engine, model_name), media_type="text/plain; version=0.0.4")
+
     def handler(chat: bool) -> Callable[[Request], Any]:
         async def handle(request: Request) -> Response:
             try:
@@ -117,7 +161,8 @@ def create_app(engine: LiveEngine, model_name: str) -> Any:
                 return error(400, str(exc), "invalid_request_error")
             tenant = str(body.get("user") or "default")
             try:
-                tokens = engine.generate(prompt, out, tenant=tenant)
+                hashes = prompt_block_hashes(body, chat, engine.block_size)
+                tokens = engine.generate(prompt, out, tenant=tenant, prefix_hashes=hashes)
                 first = await anext(tokens)  # raises before anything is sent if too long
             except RequestTooLongError as exc:
                 return error(400, str(exc), "invalid_request_error", "context_length_exceeded")
@@ -166,6 +211,8 @@ def create_app(engine: LiveEngine, model_name: str) -> Any:
         routes=[
             Route("/v1/models", models, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/health", healthz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
             Route("/v1/chat/completions", handler(True), methods=["POST"]),
             Route("/v1/completions", handler(False), methods=["POST"]),
         ],

@@ -113,6 +113,7 @@ class LiveEngine:
             enable_prefix_caching=cfg.prefix_caching,
             record_dropped=stack.prefix_store is not None,
         )
+        self._pool = pool
         self._rec = _LiveRecorder()
         ev_cfg = eviction_config or EvictionConfig()
         residency: Residency = KeepAll()
@@ -150,6 +151,26 @@ class LiveEngine:
         """Requests submitted and not finished (waiting, running or swapped)."""
         return len(self._clients)
 
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block (prefix hashes passed to :meth:`generate` cover as many)."""
+        return self._pool.block_size
+
+    def load(self) -> tuple[int, int, float, int]:
+        """``(running, waiting, kv_usage, num_blocks)`` now, as vLLM's gauges report them:
+        requests in the batch, requests queued (swapped ones too), the fraction of KV blocks
+        not free (cached prefix blocks on the free list count as free) and the pool's
+        blocks."""
+        batch, pool = self._batch, self._pool
+        waiting = len(batch.waiting) + len(batch.swapped) + len(self._incoming)
+        usage = 1.0 - pool.num_free_blocks / pool.num_blocks
+        return len(batch.running), waiting, usage, pool.num_blocks
+
+    @property
+    def prefix_hit_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache since the start."""
+        return int(self._rec.prefix_hit)
+
     def _finished(self, s: Seq, now: float, iteration: int) -> None:
         self._rec.finished(s.idx, now)
         observer = self._batch.observer
@@ -158,7 +179,12 @@ class LiveEngine:
 
     # ----------------------------------------------------------------- requests
     async def generate(
-        self, prompt_len: int, max_tokens: int, *, tenant: str = "default"
+        self,
+        prompt_len: int,
+        max_tokens: int,
+        *,
+        tenant: str = "default",
+        prefix_hashes: tuple[int, ...] = (),
     ) -> AsyncIterator[int]:
         """Serve one request; yields the number of new output tokens each time some are
         produced, ``max_tokens`` in all. Cancelling the iteration aborts the request.
@@ -167,6 +193,10 @@ class LiveEngine:
             RequestTooLongError: the request can never fit (its length and the limit in the
                 message).
             ValueError: a count below 1.
+
+        ``prefix_hashes`` are the chained hashes of the prompt's full blocks of
+        :attr:`block_size` tokens, for the prefix cache (those beyond the prompt's length
+        are dropped).
         """
         for name, value in (("prompt_len", prompt_len), ("max_tokens", max_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -185,8 +215,10 @@ class LiveEngine:
             max_tokens,
             arrival_time=self._now(),
             tenant=tenant,
+            prefix_hashes=prefix_hashes[: prompt_len // self._pool.block_size],
+            hash_block_size=self._pool.block_size,
         )
-        client = _Client(Seq(idx, req, ()))
+        client = _Client(Seq(idx, req, req.prefix_hashes))
         self._clients[idx] = client
         self._incoming.append(client.seq)
         self._wake.set()
