@@ -44,6 +44,37 @@ class TestRun:
         runs = json.loads(out)["runs"]
         assert [r["stack"] for r in runs] == ["vllm/round-robin", "vllm/prefix-aware"]
 
+    def test_compare_across_autoscalers(self) -> None:
+        """compare runs the stack behind each --autoscaler on the same workload, named
+        stack/autoscaler (stack/router/autoscaler with several routers too); an unknown
+        one in the list is a usage error naming it."""
+        code, out = _invoke(
+            "sim", "compare", *_ARGS, *_GPU, "--stack", "vllm", "--replicas", "2",
+            "--autoscaler", "static", "--autoscaler", "threshold", "--max-replicas", "3",
+            "--json",
+        )  # fmt: skip
+        assert code == 0, out
+        runs = json.loads(out)["runs"]
+        assert [r["stack"] for r in runs] == ["vllm/static", "vllm/threshold"]
+        assert {r["summary"]["completed"] for r in runs} == {40}
+        code, out = _invoke(
+            "sim", "compare", *_ARGS, *_GPU, "--stack", "vllm", "--replicas", "2",
+            "--router", "round-robin", "--router", "least-kv",
+            "--autoscaler", "static", "--autoscaler", "threshold", "--json",
+        )  # fmt: skip
+        assert code == 0, out
+        assert [r["stack"] for r in json.loads(out)["runs"]] == [
+            "vllm/round-robin/static",
+            "vllm/round-robin/threshold",
+            "vllm/least-kv/static",
+            "vllm/least-kv/threshold",
+        ]
+        code, out = _invoke(
+            "sim", "compare", *_ARGS, *_GPU, "--autoscaler", "static", "--autoscaler", "magic"
+        )
+        assert code == 2
+        assert "--autoscaler: unknown autoscaler 'magic'" in " ".join(out.split())
+
     def test_table_shows_each_replica(self) -> None:
         """The table carries the fleet's rows, one set per replica."""
         code, out = _invoke("sim", "run", *_ARGS, *_GPU, "--replicas", "2")

@@ -98,6 +98,64 @@ class TestRouting:
             alone = Engine(tm, kit.engine(4096)).run(mine)
             assert out.record.finish[k::2].tolist() == alone.finish.tolist()
 
+    def test_each_replica_is_exactly_an_engine_given_its_share(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """A replica's decode runs end only at its own requests: one long request on r0
+        while r1 takes a request every 4 ms finishes bit for bit as on an engine alone, and
+        so does r1's share."""
+        reqs = [kit.request(0, 256, 600, t=0.0)] + [
+            kit.request(i, 40 + 7 * (i % 5), 20 + i % 9, t=0.004 * i) for i in range(1, 120)
+        ]
+
+        class Split(_Recording):
+            def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
+                return "r0" if request.request_id == "r0" else "r1"
+
+        out = Fleet(lambda k: Engine(tm, kit.engine(65536)), Split(), FleetConfig(2)).run(reqs)
+        for k, share in ((0, reqs[:1]), (1, reqs[1:])):
+            alone = Engine(tm, kit.engine(65536)).run(share)
+            mine = out.assignment == k
+            assert out.record.finish[mine].tobytes() == alone.finish.tobytes()
+            assert out.record.first_token[mine].tobytes() == alone.first_token.tobytes()
+
+    def test_four_replicas_keep_the_figures_measured_before_the_speed_up(self) -> None:
+        """Four L40S replicas behind round-robin, 600 multi-tenant requests at 16 req/s:
+        the figures measured before decode runs were left running across other replicas'
+        arrivals (requests in SLO, prefix hits, requests per replica exactly; TTFT to
+        float rounding)."""
+        w = get_workload("multi-tenant", seed=0, num_requests=600).with_rate(16)
+        cfg = attrs.evolve(STACK_PRESETS["vllm"], fleet=FleetConfig(4))
+        got = simulate(w.requests, get_model("Llama-3-8B"), get_gpu("L40S"), cfg, seed=0)
+        s = got.summary.as_dict()
+        assert (s["completed"], s["slo_met"], s["prefix_hit_tokens"]) == (600, 600, 334597)
+        assert [r["requests"] for r in s["replicas"]] == [150, 150, 150, 150]
+        assert s["ttft"]["p50"] == pytest.approx(0.3306112344560166, rel=1e-12)
+        assert s["ttft"]["p99"] == pytest.approx(1.7299939024545516, rel=1e-12)
+        assert s["tpot"]["p95"] == pytest.approx(0.0741454059151674, rel=1e-12)
+
+    def test_views_count_the_kv_of_a_decode_run_under_way(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """A replica in the middle of a decode run shows the blocks its iterations over by
+        then took: the free blocks a router sees fall between two requests on the other
+        replica, with no iteration of the viewed replica settled in between."""
+        reqs = [kit.request(0, 64, 400, t=0.0)] + [
+            kit.request(i, 16, 2, t=0.5 + 0.25 * i) for i in range(1, 6)
+        ]
+
+        class ToSecond(_Recording):
+            def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
+                self.seen.append(tuple(replicas))
+                return replicas[0].replica_id if request.request_id == "r0" else "r1"
+
+        router = ToSecond()
+        Fleet(lambda k: Engine(tm, kit.engine(4096)), router, FleetConfig(2)).run(reqs)
+        free = [views[0].free_blocks for views in router.seen[1:]]
+        assert free == sorted(free, reverse=True)
+        assert free[0] > free[-1]
+        assert all(views[0].running == 1 for views in router.seen[1:])
+
     def test_views_are_as_old_as_the_delay(self, kit: SimpleNamespace, tm: TimingModel) -> None:
         """With a signal delay every view a router sees is at least that old; without one,
         every view is fresh."""

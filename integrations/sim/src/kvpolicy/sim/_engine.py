@@ -25,6 +25,7 @@ as vLLM does; without an eviction policy it keeps every token.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -46,8 +47,9 @@ from kvpolicy.sim._recorder import Recorder, RunRecord
 from kvpolicy.sim._residency import Evicting, KeepAll, Residency
 from kvpolicy.sim._seq import Seq
 from kvpolicy.sim._stack import Stack
-from kvpolicy.sim._step import Step
+from kvpolicy.sim._step import DecodeRun, Step
 from kvpolicy.sim._timing import TimingModel
+from kvpolicy.sim._views import make_view
 from kvpolicy.tenancy import RefreshConfig
 
 __all__ = ["Engine", "RunRecord", "Server", "pool_capacity_tokens"]
@@ -376,6 +378,8 @@ class Server:
         self._step = Step(cfg, tm, batch, residency, on_finish)
         self._max_batch = cfg.max_batch
         self._token_budget = cfg.token_budget
+        self._pending: DecodeRun | None = None
+        self._started = 0.0
 
     @property
     def now(self) -> float:
@@ -419,6 +423,23 @@ class Server:
             SimError: the admission policy admitted nothing into an empty batch while
                 requests wait.
         """
+        if self.begin() is None:
+            return None
+        return self.settle(next_event)
+
+    def begin(self) -> float | None:
+        """Start the next iteration from :attr:`now`: a mixed one runs whole; a run of
+        decode-only ones is planned and left pending (:attr:`pending`) until
+        :meth:`settle` says where it ends. Nothing else may reach the server in between
+        but :meth:`view` (which sees it as it was at the run's start).
+
+        Returns:
+            When it started; None when nothing could run (an empty batch, nothing waiting).
+
+        Raises:
+            SimError: the admission policy admitted nothing into an empty batch while
+                requests wait.
+        """
         batch, step = self._batch, self._step
         preempted, budget, reserve = step.prepare()
         if preempted:
@@ -431,8 +452,68 @@ class Server:
                     "the admission policy admitted none into an empty batch"
                 )
             return None
-        started = step.now
-        step.run(next_event, self._rec.first_output)
+        self._started = step.now
+        if all(s.computed >= s.target for s in batch.running):  # all decoding
+            self._pending = step.plan_decode()
+        else:
+            step.mixed(self._rec.first_output)
+        return self._started
+
+    @property
+    def pending(self) -> bool:
+        """A run of decode-only iterations is planned and not yet settled."""
+        return self._pending is not None
+
+    def end_of_run(self, until: float) -> float:
+        """The clock :meth:`settle` with ``until`` would leave (:attr:`now` with nothing
+        pending)."""
+        run = self._pending
+        if run is None:
+            return self._step.now
+        return run.end(run.steps_until(until))
+
+    def run_progress(self, t: float) -> tuple[int, float, float]:
+        """Iterations of the pending decode run that have ended by ``t``, when the last of
+        them ended and when the next ends (``(0, now, inf)`` with none pending)."""
+        run = self._pending
+        if run is None:
+            return 0, self._step.now, math.inf
+        return run.done_by(t)
+
+    def next_growth(self, k: int) -> float:
+        """When the pending decode run's next iteration after its ``k``-th that takes a
+        new KV block ends (``inf``: none, or none pending)."""
+        run = self._pending
+        return run.next_growth(k) if run is not None else math.inf
+
+    def grown_blocks(self, k: int) -> int:
+        """New KV blocks the pending decode run's requests hold after ``k`` of its
+        iterations (0 with none pending)."""
+        run = self._pending
+        return run.blocks_after(k) if run is not None and k else 0
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of its KV pool."""
+        return self._pool.num_blocks
+
+    @property
+    def run_start(self) -> float:
+        """When the pending decode run started (:attr:`now` with none pending)."""
+        return self._step.now
+
+    def settle(self, until: float = math.inf) -> tuple[float, bool]:
+        """Finish the iteration :meth:`begin` started: a pending decode run ends with its
+        first iteration that ends at or after ``until`` (all of it by default).
+
+        Returns:
+            ``(started, busy)`` as :meth:`iterate` does.
+        """
+        batch, step = self._batch, self._step
+        run = self._pending
+        if run is not None:
+            self._pending = None
+            step.commit(run, run.steps_until(until))
         waiting = len(batch.waiting) + len(batch.swapped)
         self._series.append(
             (
@@ -451,7 +532,7 @@ class Server:
             or step.last_tokens >= self._token_budget
         )
         batch.offload(step.now)
-        return started, busy
+        return self._started, busy
 
     def view(
         self,
@@ -465,23 +546,28 @@ class Server:
         """What a router sees of this server now: its load (``queued`` requests on their way
         to it count as waiting), KV usage and the prefix blocks resident in its GPU pool, all
         of them or only those of ``among`` (the blocks of the request being routed, all a
-        router can match; the tiers below HBM are not reported)."""
+        router can match; the tiers below HBM are not reported). A pending decode run is
+        seen as it starts."""
         batch, pool = self._batch, self._pool
         free = pool.num_free_blocks
         tm = self._engine._timing
-        return ReplicaView(
-            replica_id=replica_id,
-            running=len(batch.running),
-            waiting=len(batch.waiting) + len(batch.swapped) + queued,
-            kv_usage=1.0 - free / pool.num_blocks,
-            free_blocks=free,
-            block_size=pool.block_size,
-            prefix_blocks={"gpu": pool.cached_hashes(among)},
-            draining=draining,
-            signal_age_s=age_s,
-            model=tm.model.name,
-            gpu=tm.gpu.name,
+        return make_view(
+            replica_id,
+            len(batch.running),
+            len(batch.waiting) + len(batch.swapped) + queued,
+            free,
+            pool.num_blocks,
+            pool.block_size,
+            pool.cached_hashes(among),
+            draining,
+            age_s,
+            tm.model.name,
+            tm.gpu.name,
         )
+
+    def resident_blocks(self, among: Sequence[int]) -> frozenset[int]:
+        """The hashes of ``among`` whose blocks are in its GPU pool's prefix cache now."""
+        return self._pool.cached_hashes(among)
 
     def record(self) -> RunRecord:
         """The run so far as a :class:`RunRecord` (with the shared recorder's per-request

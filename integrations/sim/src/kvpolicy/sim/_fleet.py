@@ -2,25 +2,34 @@
 
 Each replica is a steppable :class:`~kvpolicy.sim._engine.Server` of its own engine (its
 model, GPU, pool, prefix cache, residency and tiers). The fleet only orchestrates, in time
-order::
+order, from a heap of every replica's next event::
 
     control     a provisioned replica starts serving; the autoscaler is asked for a target
                 every ``decision_interval_s`` (replicas start after a provisioning delay or
                 drain: no new requests, running ones finish, then it stops)
-    front door  arrivals and retries pass the gateway (one for the fleet) at the clock of
-                the earliest busy replica, as one engine takes them at its own clock;
-                the router places each admitted request on a replica
-    iteration   the busy replica whose clock is earliest runs one iteration, bounded by the
-                next arrival and the next control event
+    front door  arrivals and retries pass the gateway (one for the fleet) at the end of an
+                iteration of the replica whose next event comes first, as one engine takes
+                them at its own clock; the router places each admitted request on a replica
+    iteration   the replica whose next event comes first runs: a mixed iteration whole; a
+                run of decode-only iterations is planned and left running until the loop
+                reaches its end or a request routed to the replica ends it there
+
+Each replica thus runs exactly as one engine given its requests: no other replica's
+arrivals cut its decode runs (with a gateway the door's clock is the host replica's, whose
+run ends there too, and a knock that lets nobody in ends the host's run as it would one
+engine's).
 
 The router and the autoscaler see each replica as a :class:`~kvpolicy.kvmodel.ReplicaView`
-observed ``signal_delay_s`` ago (a scrape's lag): views are snapshots taken after a
-replica's iterations, at most one per ``signal_delay_s / 8``, so the one a router gets is
-the last taken at or before ``now - signal_delay_s`` (its ``signal_age_s`` says how old it
-is). With no delay the router sees every replica as it is now, the requests placed on it
-included. A view's resident prefix blocks are those of the request being routed (all a
-router can match against it; the autoscaler's views carry none), which keeps a view as
-cheap as the prompt is long rather than the pool is large.
+observed ``signal_delay_s`` ago (a scrape's lag): views are snapshots taken as iterations
+settle, at most one per ``signal_delay_s / 8``, so the one a router gets is the last taken
+at or before ``now - signal_delay_s``, or, when a decode run under way had started by
+then, the replica after that run's iterations over by then (its ``signal_age_s`` says how
+old it is). With no delay the router sees every replica as it is now: the requests placed
+on it included, and the KV blocks taken by the iterations of its decode run over by now. A
+view's resident prefix blocks are those of the request being routed (all a router can
+match against it; the autoscaler's views carry none), which keeps a view as cheap as the
+prompt is long rather than the pool is large; a replica's view is built again only when it
+changed.
 
 With one replica and round-robin, the fleet runs exactly the single engine's iterations and
 its record is the engine's.
@@ -28,6 +37,7 @@ its record is the engine's.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -52,6 +62,7 @@ from kvpolicy.sim._errors import SimError
 from kvpolicy.sim._frontdoor import FrontDoor
 from kvpolicy.sim._metrics import FleetSummary, ReplicaSummary, Summary, summarize
 from kvpolicy.sim._recorder import Recorder, RunRecord
+from kvpolicy.sim._views import replace_view, with_free_blocks
 from kvpolicy.tenancy import RefreshConfig
 
 __all__ = ["Fleet", "FleetRecord", "ReplicaRecord", "provisioning_delay", "summarize_fleet"]
@@ -141,17 +152,25 @@ class _Replica:
     """A replica's engine, server and life: provisioning, up, draining, stopped."""
 
     __slots__ = (
+        "bound",
         "down",
         "draining",
         "engine",
         "history",
         "inbox",
         "index",
+        "key",
+        "lagged",
+        "lagged_until",
         "requests",
         "rid",
         "server",
+        "settled",
         "start",
         "up",
+        "version",
+        "view_until",
+        "viewed",
     )
 
     def __init__(self, index: int, engine: Engine, server: Server, start: float, up: float):
@@ -167,19 +186,81 @@ class _Replica:
         self.history: deque[tuple[float, ReplicaView]] = deque()
         self.inbox: deque[tuple[float, int, Request]] = deque()
         """Requests routed to it that knocked after its clock: (time, index, request)."""
+        self.bound = math.inf
+        """Where its pending decode run ends at the latest: the first iteration that ends
+        at or after this time (its next request's, the next control event's)."""
+        self.key = math.inf
+        """Its time in the run's heap of next events (``next_time`` when last changed)."""
+        self.version = 0
+        """Counts its changes; a heap entry of an older version is stale."""
+        self.settled: ReplicaView | None = None
+        """Its view as its last settled iteration left it (None: not built since)."""
+        self.viewed: ReplicaView | None = None
+        """Its view now, without prefix blocks (None: changed since last built)."""
+        self.view_until = math.inf
+        """When ``viewed`` goes out of date (the end of an iteration of a decode run)."""
+        self.lagged: tuple[float, ReplicaView] | None = None
+        """Its view as of a past time during its decode run, and when it was taken."""
+        self.lagged_until = math.inf
+        """When ``lagged`` goes out of date."""
 
     def view(self, among: Sequence[int] | None = None) -> ReplicaView:
         return self.server.view(
             self.rid, draining=self.draining, queued=len(self.inbox), among=among
         )
 
+    def settled_view(self) -> ReplicaView:
+        """Its view as its last settled iteration left it (no prefix blocks)."""
+        view = self.settled
+        if view is None:
+            view = self.settled = self.view(())
+        return view
+
+    def _grown(self, k: int) -> ReplicaView:
+        """Its view after ``k`` iterations of its decode run (the settled one: 0)."""
+        view = self.settled_view()
+        if k:
+            server = self.server
+            free = view.free_blocks - server.grown_blocks(k)
+            view = with_free_blocks(view, free, server.num_blocks)
+        return view
+
+    def fresh_view(self, now: float, among: Sequence[int]) -> ReplicaView:
+        """Its view at ``now`` (a decode run under way counts the KV of the iterations
+        over by then) with the resident blocks among ``among``; built again only once the
+        replica changed or one of its iterations took a block, and copied only when some
+        of ``among`` is resident."""
+        base = self.viewed
+        if base is None or now >= self.view_until:
+            k = self.server.run_progress(now)[0]
+            base = self.viewed = self._grown(k)
+            self.view_until = self.server.next_growth(k)
+        if not among:
+            return base
+        hits = self.server.resident_blocks(among)
+        if not hits:
+            return base
+        return replace_view(base, draining=base.draining, signal_age_s=0.0, gpu_blocks=hits)
+
+    def lagged_view(self, seen: float) -> tuple[float, ReplicaView]:
+        """Its view as of ``seen``, during its pending decode run: when its last iteration
+        over by then ended, and the view with their KV counted (kept until the next ends)."""
+        lagged = self.lagged
+        if lagged is None or seen >= self.lagged_until:
+            k, at, self.lagged_until = self.server.run_progress(seen)
+            lagged = self.lagged = (at, self._grown(k))
+        return lagged
+
     def next_time(self) -> float:
-        """When its next iteration starts: now if it has work, else its next request's
-        time (``inf``: nothing to do)."""
-        if not self.server.idle:
-            return self.server.now
+        """When it next needs the loop: the end of its pending decode run, now if it has
+        work, else its next request's time (``inf``: nothing to do)."""
+        server = self.server
+        if server.pending:
+            return server.end_of_run(self.bound)
+        if not server.idle:
+            return server.now
         if self.inbox:
-            return max(self.server.now, self.inbox[0][0])
+            return max(server.now, self.inbox[0][0])
         return math.inf
 
     def deliver(self) -> float:
@@ -251,7 +332,14 @@ class Fleet:
 
 
 class _Run:
-    """One fleet run's state (the loop of :meth:`Fleet.run`)."""
+    """One fleet run's state (the loop of :meth:`Fleet.run`).
+
+    Each replica runs as the single engine does, on its own: a run of decode-only
+    iterations is planned when it starts and settled only when the loop reaches its end or
+    a request routed to the replica (or the front door opening at its clock) ends it there.
+    A heap holds every replica's next event, so a step of the loop costs the log of the
+    fleet's size, not its size.
+    """
 
     def __init__(
         self, fleet: Fleet, requests: Sequence[Request], progress: ProgressFn | None
@@ -268,9 +356,14 @@ class _Run:
         )
         self._assigned = np.full(len(reqs), -1, dtype=np.int64)
         self._replicas: list[_Replica] = []
+        self._heap: list[tuple[float, int, int]] = []  # (next time, index, version)
+        self._live: list[_Replica] = []  # up or provisioning, not stopped, in start order
+        self._coming: list[_Replica] = []  # provisioning (up later than now)
+        self._by_id: dict[str, _Replica] = {}
         self._queue: list[int] = []
         self._knocked: list[float] = []  # when each queued request knocked
         self._now = float(arrivals[0]) if len(reqs) else 0.0
+        self._last_door = -math.inf  # when the front door last opened
         self._peak = 0
         self._delay = cfg.signal_delay_s
         self._snap_every = cfg.signal_delay_s / 8
@@ -295,7 +388,11 @@ class _Run:
         server.advance_to(up)
         r = _Replica(k, engine, server, start, up)
         self._replicas.append(r)
-        self._peak = max(self._peak, sum(1 for x in self._replicas if x.down == math.inf))
+        self._live.append(r)
+        self._by_id[r.rid] = r
+        if up > self._now:
+            self._coming.append(r)
+        self._peak = max(self._peak, len(self._live))
         if up <= self._now and self._delay > 0:
             r.history.append((up, r.view()))
         return r
@@ -308,27 +405,75 @@ class _Run:
     def _serving(self) -> list[_Replica]:
         """Replicas up (draining or not) and not stopped."""
         now = self._now
-        return [r for r in self._replicas if r.up <= now and r.down == math.inf]
+        return [r for r in self._live if r.up <= now]
 
     def _stop(self, r: _Replica, at: float) -> None:
         r.down = at
+        r.version += 1  # its heap entries go stale
+        self._live.remove(r)
+
+    def _sync(self, r: _Replica) -> None:
+        """An idle replica's clock moves on to the front door's last opening (as if moved
+        at each): a busy one's is already there."""
+        if r.server.idle and r.down == math.inf:
+            r.server.advance_to(self._last_door)
+
+    def _touch(self, r: _Replica) -> None:
+        """``r`` changed: its view is rebuilt when next asked for, its next event re-filed."""
+        r.viewed = r.settled = r.lagged = None
+        r.version += 1
+        if r.down < math.inf:
+            return
+        if r.server.idle and r.inbox:
+            self._sync(r)
+        r.key = t = r.next_time()
+        if t < math.inf:
+            heapq.heappush(self._heap, (t, r.index, r.version))
+
+    def _top(self) -> _Replica | None:
+        """The replica with the earliest next event (the first started on a tie)."""
+        heap, replicas = self._heap, self._replicas
+        while heap:
+            _, k, version = heap[0]
+            r = replicas[k]
+            if r.version == version:
+                return r
+            heapq.heappop(heap)
+        return None
+
+    def _settle(self, r: _Replica, until: float) -> None:
+        """``r``'s pending decode run (if any) ends with its first iteration that ends at
+        or after ``until``; the front door and the views learn of it."""
+        if not r.server.pending:
+            return
+        started, busy = r.server.settle(min(until, r.bound))
+        self._door.server_iteration(started, r.server.now, busy)
+        self._snapshot(r)
+        if r.draining and r.finished:
+            self._stop(r, r.server.now)
+        self._touch(r)
 
     # ------------------------------------------------------------------ views
     def _observed(self, r: _Replica, now: float, among: Sequence[int]) -> ReplicaView:
         """``r`` as seen at ``now``: as it was ``signal_delay_s`` ago (its last snapshot by
         then), with the resident blocks among ``among`` (the routed request's)."""
         if self._delay == 0 or not r.history:
-            return r.view(among)
+            return r.fresh_view(now, among)
         seen = now - self._delay
         hist = r.history
         while len(hist) > 1 and hist[1][0] <= seen:
             hist.popleft()
-        at, view = hist[0]
-        return evolve(
+        if r.server.pending and r.server.run_start <= seen:
+            # Its decode run under way started by then: the iterations over by then are
+            # newer than any snapshot.
+            at, view = r.lagged_view(seen)
+        else:
+            at, view = hist[0]
+        return replace_view(
             view,
             draining=r.draining,
             signal_age_s=max(now - at, 0.0),
-            prefix_blocks={"gpu": view.resident("gpu").intersection(among)},
+            gpu_blocks=view.resident("gpu").intersection(among),
         )
 
     def _snapshot(self, r: _Replica) -> None:
@@ -343,7 +488,6 @@ class _Run:
         if not self._queue:
             return
         serving = self._serving()
-        by_id = {r.rid: r for r in serving}
         engine0 = self._replicas[0].engine
         keep: list[int] = []
         knocked: list[float] = []
@@ -352,7 +496,10 @@ class _Run:
             req = self._reqs[i]
             hashes = engine0.hashes(req)
             # Views per request: with no delay each counts the requests just placed.
-            views = [self._observed(r, now, hashes) for r in serving]
+            if self._delay == 0:
+                views = [r.fresh_view(now, hashes) for r in serving]
+            else:
+                views = [self._observed(r, now, hashes) for r in serving]
             rid = router.route(
                 RoutingRequest(
                     request_id=req.request_id,
@@ -366,32 +513,38 @@ class _Run:
                 keep.append(i)
                 knocked.append(at)
                 continue
-            r = by_id.get(rid)
-            if r is None or r.draining:
+            r = self._by_id.get(rid)
+            if r is None or r.draining or r.down < math.inf or r.up > now:
                 raise SimError(
                     f"router {type(router).__name__} placed request {req.request_id!r} on "
-                    f"{rid!r}, not a serving replica of {sorted(by_id)}"
+                    f"{rid!r}, not a serving replica of {sorted(x.rid for x in serving)}"
                 )
             # It joins when its replica's clock reaches the time it knocked (a replica
-            # started later joins it at its start).
+            # started later joins it at its start): a decode run under way ends there.
             r.inbox.append((at, i, req))
             r.requests += 1
             self._assigned[i] = r.index
+            if r.server.pending:
+                self._settle(r, at)
+            else:
+                self._touch(r)
         self._queue = keep
         self._knocked = knocked
 
     # ------------------------------------------------------------------ control
     def _control_time(self) -> float:
         t = self._next_decision
-        for r in self._replicas:
-            if r.up > self._now and r.down == math.inf:
+        if self._coming:
+            now = self._now
+            self._coming = [r for r in self._coming if r.up > now and r.down == math.inf]
+            for r in self._coming:
                 t = min(t, r.up)
         return t
 
     def _control(self, t: float) -> None:
         self._now = max(self._now, t)
-        for r in self._replicas:
-            if r.up == t and r.down == math.inf and not r.history and self._delay > 0:
+        for r in self._live:
+            if r.up == t and not r.history and self._delay > 0:
                 r.history.append((t, r.view()))
         if t >= self._next_decision:
             self._decide(t)
@@ -401,7 +554,7 @@ class _Run:
     def _decide(self, t: float) -> None:
         fleet, cfg = self._fleet, self._cfg
         assert fleet._autoscaler is not None
-        live = [r for r in self._replicas if r.down == math.inf]
+        live = list(self._live)
         up = [r for r in live if r.up <= t and not r.draining]
         provisioning = [r for r in live if r.up > t]
         draining = [r for r in live if r.up <= t and r.draining]
@@ -446,8 +599,10 @@ class _Run:
 
         for r in sorted(up, key=load)[: max(surplus, 0)]:
             r.draining = True
+            self._sync(r)
             if r.finished:
                 self._stop(r, max(t, r.server.now))
+            self._touch(r)
 
     # ------------------------------------------------------------------ loop
     def _loop(self, progress: ProgressFn | None) -> None:
@@ -458,13 +613,8 @@ class _Run:
         if progress is not None:
             progress(0, n)
         while rec.done < n:
-            busy: _Replica | None = None
-            t_rep = math.inf
-            for r in self._replicas:
-                if r.down == math.inf:
-                    t = r.next_time()
-                    if t < t_rep:
-                        busy, t_rep = r, t
+            busy = self._top()
+            t_rep = busy.key if busy is not None else math.inf
             t_door = door.next_event()
             t_ctl = self._control_time()
             if t_ctl <= t_rep and t_ctl <= t_door and t_ctl < math.inf:
@@ -475,15 +625,28 @@ class _Run:
             if t_door <= t_rep:
                 if t_door == math.inf:
                     break
-                # The door opens at the earliest busy replica's clock, as one engine takes
-                # arrivals at its own; an idle replica starts a request when it knocked.
-                now = t_rep if busy is not None else t_door
+                # The door opens at the end of the iteration, at or after the knock, of
+                # the replica whose next event comes first (the host), as one engine takes
+                # arrivals at its own clock; with every replica idle, at the knock.
+                now = t_door
+                host = busy if busy is not None and busy.server.pending else None
+                if host is not None and self._fleet._gate is not None:
+                    # The gateway decides at the host's clock, having seen its iterations
+                    # to there (as one engine's gateway does).
+                    self._settle(host, t_door)
+                    now, host = host.server.now, None
+                elif host is not None:
+                    now = host.server.end_of_run(min(t_door, host.bound))
+                elif busy is not None:
+                    now = busy.key
                 self._now = max(self._now, now)
-                for r in self._serving():
-                    if r.server.idle:
-                        r.server.advance_to(t_door)
+                self._last_door = t_door
                 times: list[float] = []
                 entered = door.arrive(now, times)
+                if host is not None and not entered:
+                    # A knock that lets nobody in still ends the host's decode run there,
+                    # as it ends one engine's.
+                    self._settle(host, t_door)
                 for i in entered:
                     self._window_entered += 1
                     self._window_prompt += reqs[i].prompt_len
@@ -493,13 +656,18 @@ class _Run:
                 self._dispatch(now)
                 continue
             assert busy is not None
-            t_next = busy.deliver()
-            ran = busy.server.iterate(min(t_door, t_ctl, t_next))
-            if ran is not None:
-                door.server_iteration(ran[0], busy.server.now, ran[1])
-                self._snapshot(busy)
-            if busy.draining and busy.finished:
-                self._stop(busy, busy.server.now)
+            if busy.server.pending:
+                self._settle(busy, math.inf)  # the loop reached its end
+            else:
+                self._sync(busy)
+                busy.bound = min(t_ctl, busy.deliver())
+                if busy.server.begin() is not None and not busy.server.pending:
+                    started, full = busy.server.settle()
+                    door.server_iteration(started, busy.server.now, full)
+                    self._snapshot(busy)
+                if busy.draining and busy.finished:
+                    self._stop(busy, busy.server.now)
+                self._touch(busy)
             if progress is not None and rec.done // report_every != last_report:
                 last_report = rec.done // report_every
                 progress(rec.done, n)
@@ -508,6 +676,8 @@ class _Run:
 
     # ------------------------------------------------------------------ result
     def result(self) -> FleetRecord:
+        for r in self._live:
+            self._sync(r)
         records = [r.server.record() for r in self._replicas]
         end = max([self._now, *(rec.end_time for rec in records)])
         rows = []

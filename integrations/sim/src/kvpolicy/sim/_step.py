@@ -11,9 +11,12 @@ iterations keeps its own roofline time, so the result equals ``k`` single steps.
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Callable
 
 import numpy as np
+from numpy.typing import NDArray
 
 from kvpolicy.sim._batch import Batch
 from kvpolicy.sim._config import EngineConfig
@@ -21,7 +24,128 @@ from kvpolicy.sim._residency import Residency
 from kvpolicy.sim._seq import Seq
 from kvpolicy.sim._timing import TimingModel
 
-__all__ = ["Step"]
+__all__ = ["DecodeRun", "Step"]
+
+
+class DecodeRun:
+    """A run of decode-only iterations planned from a batch, not yet applied.
+
+    Args:
+        start: the clock at its start, seconds.
+        run: the running requests, in order.
+        times: (kmax,) float64 seconds of each of its iterations.
+        block_size: tokens per KV block.
+    """
+
+    __slots__ = (
+        "_ends",
+        "_ends_list",
+        "_offsets",
+        "_suffix",
+        "block_size",
+        "run",
+        "start",
+        "times",
+    )
+
+    def __init__(
+        self, start: float, run: list[Seq], times: NDArray[np.float64], block_size: int
+    ) -> None:
+        self.start = start
+        self.run = run
+        self.times = times
+        self.block_size = block_size
+        self._ends: NDArray[np.float64] | None = None
+        self._ends_list: list[float] | None = None
+        self._suffix: list[int] | None = None
+        self._offsets: list[int] | None = None
+
+    @property
+    def kmax(self) -> int:
+        """Iterations in the whole run."""
+        return len(self.times)
+
+    @property
+    def ends(self) -> NDArray[np.float64]:
+        """(kmax,) float64 clock at the end of each of its iterations."""
+        if self._ends is None:
+            self._ends = self.start + np.cumsum(self.times)
+        return self._ends
+
+    def steps_until(self, event: float) -> int:
+        """Iterations up to the first that ends at or after ``event`` (all of them when
+        ``event`` is ``inf`` or comes later)."""
+        kmax = len(self.times)
+        if event < np.inf and kmax > 1:
+            return min(kmax, int(np.searchsorted(self.ends, event)) + 1)
+        return kmax
+
+    def end(self, k: int) -> float:
+        """The clock after its first ``k`` iterations (as :meth:`Step.commit` sets it)."""
+        return self.start + float(self.times[:k].sum())
+
+    def done_by(self, t: float) -> tuple[int, float, float]:
+        """Its iterations that have ended by ``t``, when the last of them ended (its start:
+        none), and when the next one ends (``inf``: none is left)."""
+        ends = self._ends_list
+        if ends is None:
+            ends = self._ends_list = self.ends.tolist()
+        k = bisect.bisect_right(ends, t)
+        return k, ends[k - 1] if k else self.start, ends[k] if k < len(ends) else math.inf
+
+    def blocks_after(self, k: int) -> int:
+        """New KV blocks its requests hold after ``k`` of its iterations (what
+        :meth:`Batch.blocks_for` counts, in constant time).
+
+        A request holding ``p`` tokens takes a new block at each token that starts one:
+        after ``k`` more, ``(u + k) // bs`` new blocks with ``u = (p + bs - 1) % bs``. Over
+        the run that is ``len(run) * (k // bs)`` plus the requests with
+        ``u >= bs - k % bs``, counted once from a histogram of ``u``.
+        """
+        bs = self.block_size
+        suffix = self._suffix
+        if suffix is None:
+            suffix = self._histogram()
+        q, r = divmod(k, bs)
+        return len(self.run) * q + (suffix[bs - r] if r else 0)
+
+    def next_growth(self, k: int) -> float:
+        """When, after ``k`` of its iterations, the next one that takes a new block ends
+        (``inf``: none does in the run): the view of its KV is the same until then.
+
+        A request with ``u`` (as in :meth:`blocks_after`) takes its blocks at the
+        iterations ``k`` with ``k % bs == (bs - u) % bs``.
+        """
+        if self._offsets is None:
+            self._histogram()
+        offsets = self._offsets
+        assert offsets is not None
+        if not offsets:
+            return math.inf
+        bs = self.block_size
+        r = k % bs
+        i = bisect.bisect_right(offsets, r)
+        nxt = k - r + (offsets[i] if i < len(offsets) else bs + offsets[0])
+        if nxt > len(self.times):
+            return math.inf
+        if self._ends_list is None:
+            self._ends_list = self.ends.tolist()
+        return self._ends_list[nxt - 1]
+
+    def _histogram(self) -> list[int]:
+        bs = self.block_size
+        count = [0] * (bs + 1)
+        for s in self.run:
+            count[(s.pool_tokens + bs - 1) % bs] += 1
+        suffix = [0] * (bs + 1)  # suffix[j]: requests with u >= j
+        acc = 0
+        for j in range(bs - 1, -1, -1):
+            acc += count[j]
+            suffix[j] = acc
+        self._suffix = suffix
+        # Offsets in 1..bs of the iterations (mod bs) at which some request takes a block.
+        self._offsets = sorted(bs - u for u in range(bs) if count[u])
+        return suffix
 
 
 class Step:
@@ -155,7 +279,18 @@ class Step:
         self._finish(finished)
 
     def decode(self, next_event: float) -> None:
-        """``k >= 1`` decode-only iterations of an unchanged batch."""
+        """``k >= 1`` decode-only iterations of an unchanged batch; ``next_event`` (the next
+        arrival or retry) bounds ``k``."""
+        run = self.plan_decode()
+        self.commit(run, run.steps_until(next_event))
+
+    def plan_decode(self) -> DecodeRun:
+        """The decode-only run the batch would make from now, its preemptions and eviction
+        round done but its iterations not yet applied (:meth:`commit` applies them).
+
+        Nothing else may change the batch between the two: the run's iterations depend only
+        on the batch at its start.
+        """
         batch = self._batch
         run = batch.running
         free = batch.free_blocks
@@ -165,7 +300,7 @@ class Step:
             free = batch.free_blocks
             kmax = 1
             if not run:
-                return
+                return DecodeRun(self.now, [], np.zeros(0), batch.block_size)
         else:
             kmax = self._max_macro
         if batch.waiting or batch.swapped or batch.has_delay:
@@ -187,12 +322,16 @@ class Step:
         kv = sum(s.pool_tokens for s in run)
         times = self._tm.decode_times(len(run), kv, kv, kmax)
         times[0] += batch.take_delay()
-        k = kmax
-        if next_event < np.inf and kmax > 1:
-            ends = self.now + np.cumsum(times)
-            # Stop at the first iteration that ends at or after the next arrival or retry.
-            k = min(kmax, int(np.searchsorted(ends, next_event)) + 1)
-        self.now += float(times[:k].sum())
+        return DecodeRun(self.now, list(run), times, batch.block_size)
+
+    def commit(self, plan: DecodeRun, k: int) -> None:
+        """Apply the first ``k`` iterations of ``plan`` (made by :meth:`plan_decode` from
+        the state the batch is still in)."""
+        run = plan.run
+        if not run:
+            return
+        batch = self._batch
+        self.now += float(plan.times[:k].sum())
         self.step += k
         self._res.wrote(len(run) * k)
         self.last_tokens = len(run)

@@ -82,8 +82,9 @@ def _fleet_options(many: bool) -> Callable[[Callable[..., Any]], Callable[..., A
         ("--router", {"multiple": many, "help": "Router by name (kvpolicy.routing)"
                       + ("; repeat to compare routers." if many else ".")
                       + "  [default: round-robin]"}),
-        ("--autoscaler", {"help": "Autoscaler by name (kvpolicy.autoscaling); --replicas is "
-                          "its start."}),
+        ("--autoscaler", {"multiple": many, "help": "Autoscaler by name "
+                          "(kvpolicy.autoscaling); --replicas is its start"
+                          + ("; repeat to compare autoscalers." if many else ".")}),
         ("--min-replicas", {"type": count, "help": "Fewest replicas the autoscaler may ask "
                             "for.  [default: 1]"}),
         ("--max-replicas", {"type": count, "help": "Most replicas the autoscaler may ask for."}),
@@ -93,7 +94,8 @@ def _fleet_options(many: bool) -> Callable[[Callable[..., Any]], Callable[..., A
 
     def add(f: Callable[..., Any]) -> Callable[..., Any]:
         for flag, kw in reversed(options):
-            dest = ("routers",) if flag == "--router" and many else ()
+            dest = {"--router": ("routers",), "--autoscaler": ("autoscalers",)}.get(flag, ())
+            dest = dest if many else ()
             f = click.option(flag, *dest, default=None, **kw)(f)
         return f
 
@@ -112,15 +114,15 @@ def _check_name(flag: str, name: str | None, group: Any) -> None:
         )
 
 
-def _with_fleet(cfg: Any, flags: _Fleet, router: str | None) -> Any:
-    """``cfg`` with the fleet the flags give behind ``router`` (flags not given keep its
-    ``fleet:``)."""
+def _with_fleet(cfg: Any, flags: _Fleet, router: str | None, autoscaler: str | None) -> Any:
+    """``cfg`` with the fleet the flags give behind ``router`` and ``autoscaler`` (flags not
+    given keep its ``fleet:``)."""
     import attrs
 
     from kvpolicy.sim import PolicyChoice
 
     fleet = cfg.fleet
-    replicas, autoscaler, signal_delay = flags.replicas, flags.autoscaler, flags.signal_delay
+    replicas, signal_delay = flags.replicas, flags.signal_delay
     min_replicas, max_replicas = flags.bounds
     changes: dict[str, Any] = {}
     if replicas is not None:
@@ -260,7 +262,12 @@ def run(
     """Simulate one policy stack on a workload or a trace (on a fleet of replicas with
     --replicas, --router or --autoscaler)."""
     fleet = _Fleet(
-        replicas, (router,) if router else (), autoscaler, min_replicas, max_replicas, signal_delay
+        replicas,
+        (router,) if router else (),
+        (autoscaler,) if autoscaler else (),
+        min_replicas,
+        max_replicas,
+        signal_delay,
     )
     _compare_stacks((stack,), spec, model, gpu, report, as_json, tp, fleet)
 
@@ -291,14 +298,14 @@ def compare(
     as_json: bool,
     replicas: int | None,
     routers: tuple[str, ...],
-    autoscaler: str | None,
+    autoscalers: tuple[str, ...],
     min_replicas: int | None,
     max_replicas: int | None,
     signal_delay: float | None,
 ) -> None:
     """Simulate several policy stacks on one workload, side by side (each behind every
-    --router given, on a fleet of --replicas)."""
-    fleet = _Fleet(replicas, routers, autoscaler, min_replicas, max_replicas, signal_delay)
+    --router and every --autoscaler given, on a fleet of --replicas)."""
+    fleet = _Fleet(replicas, routers, autoscalers, min_replicas, max_replicas, signal_delay)
     _compare_stacks(stacks, spec, model, gpu, report, as_json, tp, fleet)
 
 
@@ -309,7 +316,7 @@ class _Fleet:
         self,
         replicas: int | None,
         routers: tuple[str, ...],
-        autoscaler: str | None,
+        autoscalers: tuple[str, ...],
         min_replicas: int | None,
         max_replicas: int | None,
         signal_delay: float | None,
@@ -318,25 +325,34 @@ class _Fleet:
 
         for name in routers:
             _check_name("--router", name, ROUTING)
-        _check_name("--autoscaler", autoscaler, AUTOSCALING)
+        for name in autoscalers:
+            _check_name("--autoscaler", name, AUTOSCALING)
         self.replicas = replicas
         self.routers = routers
-        self.autoscaler = autoscaler
+        self.autoscalers = autoscalers
         self.bounds = (min_replicas, max_replicas)
         self.signal_delay = signal_delay
 
     def apply(self, cfg: Any) -> list[Any]:
-        """``cfg`` behind each router (its own fleet when no flag is given); a stack run
-        behind several routers is named ``stack/router``."""
+        """``cfg`` behind each router and each autoscaler (its own fleet when no flag is
+        given); a stack run behind several routers or autoscalers is named
+        ``stack/router``, ``stack/autoscaler`` or ``stack/router/autoscaler``."""
         import attrs
 
         routers: tuple[str | None, ...] = self.routers or (None,)
+        autoscalers: tuple[str | None, ...] = self.autoscalers or (None,)
         out = []
         for router in routers:
-            one = _with_fleet(cfg, self, router)
-            if len(routers) > 1:
-                one = attrs.evolve(one, name=f"{cfg.name}/{router}")
-            out.append(one)
+            for autoscaler in autoscalers:
+                one = _with_fleet(cfg, self, router, autoscaler)
+                parts = [cfg.name]
+                if len(routers) > 1:
+                    parts.append(str(router))
+                if len(autoscalers) > 1:
+                    parts.append(str(autoscaler))
+                if len(parts) > 1:
+                    one = attrs.evolve(one, name="/".join(parts))
+                out.append(one)
         return out
 
 

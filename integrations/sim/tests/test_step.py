@@ -1,0 +1,72 @@
+"""A planned decode run: its iterations' ends and the KV blocks they take, without applying it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvpolicy.kvmodel import Request
+from kvpolicy.sim._batch import Batch
+from kvpolicy.sim._seq import Seq
+from kvpolicy.sim._step import DecodeRun
+
+
+def _run(tokens: list[int], kmax: int, block_size: int) -> DecodeRun:
+    seqs = []
+    for i, p in enumerate(tokens):
+        s = Seq(i, Request(f"r{i}", 32, 8, 0.0, "default"), ())
+        s.pool_tokens = p
+        seqs.append(s)
+    times = np.linspace(0.01, 0.02, kmax)
+    return DecodeRun(3.0, seqs, times, block_size)
+
+
+class TestDecodeRun:
+    @settings(max_examples=200, deadline=None)
+    @given(
+        tokens=st.lists(st.integers(0, 200), min_size=1, max_size=12),
+        block_size=st.sampled_from([1, 4, 16]),
+        kmax=st.integers(1, 70),
+    )
+    def test_blocks_after_counts_what_the_batch_counts(
+        self, tokens: list[int], block_size: int, kmax: int
+    ) -> None:
+        """For every k, the blocks the run's requests take equal Batch.blocks_for's count."""
+        run = _run(tokens, kmax, block_size)
+        batch = SimpleNamespace(_bs=block_size)
+        for k in range(kmax + 1):
+            assert run.blocks_after(k) == Batch.blocks_for(batch, run.run, k)  # type: ignore[arg-type]
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        tokens=st.lists(st.integers(0, 200), min_size=1, max_size=12),
+        block_size=st.sampled_from([1, 4, 16]),
+        kmax=st.integers(1, 70),
+    )
+    def test_next_growth_is_the_next_iteration_that_takes_a_block(
+        self, tokens: list[int], block_size: int, kmax: int
+    ) -> None:
+        """After k iterations, next_growth is the end of the first later iteration whose
+        block count differs (inf when none does)."""
+        run = _run(tokens, kmax, block_size)
+        ends = run.ends.tolist()
+        for k in range(kmax + 1):
+            later = [
+                j for j in range(k + 1, kmax + 1) if run.blocks_after(j) != run.blocks_after(k)
+            ]
+            want = ends[later[0] - 1] if later else float("inf")
+            assert run.next_growth(k) == want
+
+    def test_done_by_and_steps_until(self) -> None:
+        """Iterations over by a time, the last end and the next; a cut at an event ends
+        with the first iteration that ends at or after it; end(k) is the clock commit sets."""
+        run = DecodeRun(1.0, [], np.array([0.5, 0.25, 0.25]), 16)
+        assert run.ends.tolist() == [1.5, 1.75, 2.0]
+        assert run.done_by(1.0) == (0, 1.0, 1.5)
+        assert run.done_by(1.75) == (2, 1.75, 2.0)
+        assert run.done_by(9.0) == (3, 2.0, float("inf"))
+        assert [run.steps_until(t) for t in (1.2, 1.5, 1.6, float("inf"))] == [1, 1, 2, 3]
+        assert run.end(2) == 1.0 + float(np.array([0.5, 0.25]).sum())
