@@ -54,6 +54,30 @@ class TestEvalArguments:
         assert result.exit_code == 2
         assert "'keys' is not one of 'attention', 'output'" in result.output
 
+    def test_precision_needs_a_budget_in_bytes(self) -> None:
+        """A precision param under a token budget is a usage error saying what to add."""
+        result = run("eval", "--policy", "h2o:precision=4")
+        assert result.exit_code == 2
+        assert "needs a budget in bytes (--budget-unit bytes)" in result.output
+
+    def test_precisions_only_for_token_pd(self) -> None:
+        """precisions=16+8+4 belongs to token-pd; on another policy it is a usage error."""
+        result = run("eval", "--budget-unit", "bytes", "--policy", "h2o:precisions=16+8+4")
+        assert result.exit_code == 2
+        assert "'precisions' is a param of token-pd only" in result.output
+
+    def test_unknown_budget_unit(self) -> None:
+        """--budget-unit accepts only tokens and bytes."""
+        result = run("eval", "--budget-unit", "blocks")
+        assert result.exit_code == 2
+        assert "'blocks' is not one of 'tokens', 'bytes'" in result.output
+
+    def test_batch_policies_needs_bytes(self) -> None:
+        """--batch-policies works with budgets in bytes only."""
+        result = run("eval", "--batch-policies")
+        assert result.exit_code == 2
+        assert "needs --budget-unit bytes" in result.output
+
     def test_too_few_tokens(self) -> None:
         """Perplexity needs at least two tokens."""
         result = run("eval", "--tokens", "1")

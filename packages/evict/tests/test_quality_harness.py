@@ -94,7 +94,7 @@ class TestPolicyLabels:
         [
             ("token-pd:num_sink", "must be KEY=VALUE: 'num_sink'"),
             ("token-pd:num_sink=x", "must be a number or bool: 'num_sink=x'"),
-            ("full:num_sink=1", "full takes no parameters"),
+            ("full:num_sink=1", "full takes only precision and group_size"),
             ("lfu", "must be one of"),
         ],
     )

@@ -6,12 +6,14 @@ import pytest
 
 from kvpolicy.kvmodel import (
     GPU_PRESETS,
+    KV_PRECISIONS,
     MODEL_PRESETS,
     ModelSpec,
     UnknownPresetError,
     get_gpu,
     get_model,
     kv_dtype_bytes,
+    quantized_token_bytes,
 )
 
 
@@ -85,3 +87,55 @@ class TestPresets:
             get_model("gpt-5")
         with pytest.raises(ValueError, match="known: A100-40GB"):
             get_gpu("tpu")
+
+
+SMOL = ModelSpec("SmolLM2-135M", num_layers=30, num_kv_heads=3, head_dim=64)
+
+
+class TestQuantizedTokenBytes:
+    """Bytes of one token at a precision, scales and zero points included."""
+
+    def test_sixteen_bits_is_the_fp16_cost(self) -> None:
+        """At 16 bits a token costs kv_bytes_per_token at 2 bytes per element."""
+        assert quantized_token_bytes(SMOL, 16) == SMOL.kv_bytes_per_token() == 23040
+
+    def test_codes_plus_scales_and_zeros(self) -> None:
+        """int8 and int4 with groups of 32: codes plus 2 fp16 numbers per group, K and V."""
+        per_head_8 = 64 + 2 * 2 * 2  # 64 codes, 2 groups x (scale + zero) x 2 bytes
+        per_head_4 = 32 + 2 * 2 * 2
+        assert quantized_token_bytes(SMOL, 8) == 2 * 30 * 3 * per_head_8 == 12960
+        assert quantized_token_bytes(SMOL, 4) == 2 * 30 * 3 * per_head_4 == 7200
+        assert quantized_token_bytes(SMOL, 2) == 2 * 30 * 3 * (16 + 8) == 4320
+
+    def test_group_size_and_scale_bytes(self) -> None:
+        """Larger groups hold fewer scales; a group beyond the head is one per head."""
+        assert quantized_token_bytes(SMOL, 4, group_size=64) == 2 * 30 * 3 * (32 + 4)
+        assert quantized_token_bytes(SMOL, 4, group_size=128) == 2 * 30 * 3 * (32 + 4)
+        assert quantized_token_bytes(SMOL, 4, scale_bytes=4) == 2 * 30 * 3 * (32 + 16)
+
+    def test_evicted_costs_nothing_and_cost_grows_with_bits(self) -> None:
+        """0 bits costs 0 and every precision costs more than the next lower one."""
+        costs = [quantized_token_bytes(SMOL, b) for b in (0, *sorted(KV_PRECISIONS))]
+        assert costs[0] == 0
+        assert costs == sorted(costs)
+        assert len(set(costs)) == len(costs)
+
+    @pytest.mark.parametrize(
+        ("kwargs", "match"),
+        [
+            ({"bits": 3}, "'bits' must be 0 or one of"),
+            ({"bits": 4, "group_size": 0}, "'group_size' must be >= 1: 0"),
+            ({"bits": 4, "scale_bytes": 3}, "'scale_bytes' must be 1, 2 or 4: 3"),
+        ],
+    )
+    def test_bad_values_are_named(self, kwargs: dict[str, int], match: str) -> None:
+        """An unsupported precision, group or scale size is a ValueError naming it."""
+        with pytest.raises(ValueError, match=match):
+            quantized_token_bytes(SMOL, **kwargs)
+
+    def test_bad_types(self) -> None:
+        """A spec that is not a ModelSpec or a float count is a TypeError."""
+        with pytest.raises(TypeError, match="'spec' must be a ModelSpec"):
+            quantized_token_bytes("smol", 4)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"'bits' must be an int: 4\.0"):
+            quantized_token_bytes(SMOL, 4.0)  # type: ignore[arg-type]

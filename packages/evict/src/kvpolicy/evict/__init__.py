@@ -7,6 +7,13 @@ Token policies (FIFO, LRU, H2O, sink+window, Token-PD of seed 000) implement kvm
 sinks and a recent window, ``Composed`` runs several in successive rounds. A policy that
 wants the token ids (``ContentAware``: Token-PD's ``copy_bonus`` keeps the latest occurrence
 of each content, the source of later copies) gets them after each insert.
+
+Tokens may also be held at lower precision under a budget in bytes (kvmodel's
+``DemotingPolicy``): ``quantize``/``dequantize`` in torch (per-token or per-channel groups,
+fp16 scales and zero points), ``PrecisionCosts`` (bytes per state), ``choose_states`` (the
+multiple-choice knapsack at one price per byte), ``TokenPDMixed`` (Token-PD choosing 16, 8,
+4, 2 bits or eviction per token) and ``UniformPrecision`` (any eviction policy with every
+token at one precision).
 """
 
 from __future__ import annotations
@@ -22,11 +29,36 @@ from kvpolicy.evict._knapsack import (
     online_knapsack,
     settling_step,
 )
+from kvpolicy.evict._mixed import (
+    DEFAULT_COSTS,
+    MixedConfig,
+    StateChanges,
+    TokenPDMixed,
+    UniformPrecision,
+)
+from kvpolicy.evict._precision import (
+    EVICTED,
+    PRECISIONS,
+    PrecisionCosts,
+    StateChoice,
+    check_precisions,
+    choose_states,
+    retained_fraction,
+)
 from kvpolicy.evict._preempt import (
     CostAware,
     LastInFirstOut,
     LeastProgressedFirst,
     PriorityAware,
+)
+from kvpolicy.evict._quantize import (
+    AXES,
+    QUANT_BITS,
+    Quantized,
+    dequantize,
+    fake_quantize,
+    quantize,
+    quantize_kv,
 )
 from kvpolicy.evict._returns import ReturnPredictor
 from kvpolicy.evict._scored import ScoredPolicy
@@ -35,7 +67,12 @@ from kvpolicy.evict._tokenpd import TokenPDConfig, TokenPDPolicy, dual_update, e
 from kvpolicy.evict._wrappers import Periodic, Protected, default_policies
 
 __all__ = [
+    "AXES",
+    "DEFAULT_COSTS",
+    "EVICTED",
+    "PRECISIONS",
     "PROTECTED_OFFSET",
+    "QUANT_BITS",
     "Composed",
     "ContentAware",
     "CostAware",
@@ -48,21 +85,35 @@ __all__ = [
     "LastInFirstOut",
     "LatestOccurrences",
     "LeastProgressedFirst",
+    "MixedConfig",
     "Periodic",
+    "PrecisionCosts",
     "PriorityAware",
     "Protected",
+    "Quantized",
     "ReturnPredictor",
     "ScoredPolicy",
     "SinkWindowPolicy",
+    "StateChanges",
+    "StateChoice",
     "TokenPDConfig",
+    "TokenPDMixed",
     "TokenPDPolicy",
     "TokenTable",
+    "UniformPrecision",
     "__version__",
+    "check_precisions",
+    "choose_states",
     "clairvoyant_value",
     "compose",
     "default_policies",
+    "dequantize",
     "dual_update",
     "excess_value",
+    "fake_quantize",
     "online_knapsack",
+    "quantize",
+    "quantize_kv",
+    "retained_fraction",
     "settling_step",
 ]

@@ -197,6 +197,26 @@ class TokenTable:
             return np.zeros(0, dtype=np.int64)
         return np.flatnonzero(self._segment(sid) >= 0).astype(np.int64)
 
+    def resident_slots(self, stream: str | None = None) -> NDArray[np.int64]:
+        """(m,) int64 slots of the resident tokens of ``stream`` in position order, or of
+        every stream (streams in order of first insertion) when None."""
+        if stream is not None:
+            sid = self._index.get(_check_stream(stream))
+            if sid is None:
+                return np.zeros(0, dtype=np.int64)
+            seg = self._segment(sid)
+            return seg[seg >= 0].astype(np.int64)
+        parts = [self._segment(sid) for sid in self._index.values()]
+        if not parts:
+            return np.zeros(0, dtype=np.int64)
+        flat = np.concatenate(parts)
+        return flat[flat >= 0].astype(np.int64)
+
+    def protected(self, slots: NDArray[np.int64]) -> NDArray[np.bool_]:
+        """(n,) bool: which resident ``slots`` are protected now (sinks, recent window)."""
+        out: NDArray[np.bool_] = self._prot[slots]
+        return out
+
     def protect(self, *, num_sink: int = 0, recent_window: int = 0) -> None:
         """Protect at least ``num_sink`` leading and ``recent_window`` newest positions.
 

@@ -248,4 +248,9 @@ def default_policies() -> dict[str, EvictionPolicy]:
     out["periodic(composed(protected(lru, 1, 0), token-pd), 2)"] = Periodic(
         Composed([Protected(LRUPolicy(), num_sink=1), TokenPDPolicy()]), interval=2
     )
+    # Demoting policies (kvmodel's DemotingPolicy) are eviction policies too.
+    from kvpolicy.evict._mixed import TokenPDMixed, UniformPrecision
+
+    out["token-pd-mixed(16+8+4)"] = TokenPDMixed()
+    out["uniform(h2o, 4)"] = UniformPrecision(build(EVICTION, "h2o"), bits=4)
     return out

@@ -30,6 +30,7 @@ from kvpolicy.kvmodel._protocols import (
     AdmissionPolicy,
     Autoscaler,
     CompletionObserver,
+    DemotingPolicy,
     EvictionPolicy,
     PreemptionPolicy,
     PrefixStore,
@@ -59,7 +60,14 @@ from kvpolicy.kvmodel._registry import (
     names,
 )
 from kvpolicy.kvmodel._residency import AttentionSource, ResidencyError, ResidencyLedger
-from kvpolicy.kvmodel._specs import KV_DTYPE_BYTES, GPUSpec, ModelSpec, kv_dtype_bytes
+from kvpolicy.kvmodel._specs import (
+    KV_DTYPE_BYTES,
+    KV_PRECISIONS,
+    GPUSpec,
+    ModelSpec,
+    kv_dtype_bytes,
+    quantized_token_bytes,
+)
 from kvpolicy.kvmodel._types import (
     GateDecision,
     MemoryBudget,
@@ -84,6 +92,7 @@ __all__ = [
     "GPU_PRESETS",
     "GROUPS",
     "KV_DTYPE_BYTES",
+    "KV_PRECISIONS",
     "MODEL_PRESETS",
     "PREEMPTION",
     "ROUTING",
@@ -98,6 +107,7 @@ __all__ = [
     "CapacityError",
     "CapacityPlan",
     "CompletionObserver",
+    "DemotingPolicy",
     "EvictionPolicy",
     "FleetView",
     "GPUSpec",
@@ -142,6 +152,7 @@ __all__ = [
     "num_blocks",
     "paged_utilisation",
     "plan_capacity",
+    "quantized_token_bytes",
     "rechunk_hashes",
     "seed001_lengths",
     "utilisation_sweep",

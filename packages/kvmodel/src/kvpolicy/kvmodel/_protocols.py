@@ -23,6 +23,7 @@ __all__ = [
     "AdmissionPolicy",
     "Autoscaler",
     "CompletionObserver",
+    "DemotingPolicy",
     "EvictionPolicy",
     "PreemptionPolicy",
     "PrefixStore",
@@ -120,6 +121,44 @@ class EvictionPolicy(Protocol):
 
     def resident_tokens(self) -> int:
         """Tokens resident across every stream."""
+        ...
+
+
+@runtime_checkable
+class DemotingPolicy(EvictionPolicy, Protocol):
+    """An :class:`EvictionPolicy` that also lowers the precision of resident tokens.
+
+    Each resident token is in one *state*: the bits it is held at (16 for fp16/bf16, 8, 4
+    or 2 for integer codes with scales, kvmodel's :data:`KV_PRECISIONS`), and an evicted
+    token is in state 0. A token enters at the highest precision; a state only goes down
+    (a token held at 4 bits has lost what 16 bits said, and evicting is final). The budget
+    is in bytes across every stream (what :func:`quantized_token_bytes` counts, scales and
+    zero points included). The caller reports tokens and attention as for an
+    :class:`EvictionPolicy` and calls :meth:`allocate` where it would call ``evict``; it
+    then holds each token as the states returned say (quantizes the K/V of a demoted token,
+    drops an evicted one). ``evict(budget_tokens)`` keeps its meaning (a count of tokens,
+    at whatever precision each is held), so a demoting policy also runs wherever an
+    eviction policy does, and a caller that wants bytes wraps an eviction-only policy
+    (kvpolicy-evict's ``UniformPrecision``) instead.
+    """
+
+    def allocate(
+        self, budget_bytes: float
+    ) -> Mapping[str, tuple[NDArray[np.int64], NDArray[np.int64]]]:
+        """Demote and evict tokens until at most ``budget_bytes`` are held.
+
+        Args:
+            budget_bytes: bytes the resident tokens of every stream may hold, >= 0.
+
+        Returns:
+            For each stream whose tokens changed state, ``(positions, bits)``: (m,) int64
+            positions, ascending, and (m,) int64 new states (0: evicted; otherwise lower
+            than the token's state before the call).
+        """
+        ...
+
+    def resident_bytes(self) -> float:
+        """Bytes the resident tokens of every stream hold in their current states."""
         ...
 
 

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import attrs
 from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of, le
 
-__all__ = ["KV_DTYPE_BYTES", "GPUSpec", "ModelSpec", "kv_dtype_bytes"]
+__all__ = [
+    "KV_DTYPE_BYTES",
+    "KV_PRECISIONS",
+    "GPUSpec",
+    "ModelSpec",
+    "kv_dtype_bytes",
+    "quantized_token_bytes",
+]
 
 KV_DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
@@ -167,3 +176,61 @@ class GPUSpec:
     """Dense bf16 peak in FLOP/s."""
     price_per_hour: float = field(default=0.0, converter=float, validator=ge(0.0))
     """Rental price in dollars per hour (for cost reports); 0 when unknown."""
+
+
+KV_PRECISIONS: tuple[int, ...] = (16, 8, 4, 2)
+"""Bits of one KV element a token may be held at: 16 (fp16/bf16, stored as is), and 8, 4,
+2 (integer codes with a scale and a zero point per group of elements). 0 stands for an
+evicted token (no bytes)."""
+
+
+def quantized_token_bytes(
+    spec: ModelSpec, bits: int, group_size: int = 32, scale_bytes: int = 2
+) -> int:
+    """KV bytes of one token of ``spec`` held at ``bits`` bits, scales and zero points included.
+
+    At 16 bits a token costs :meth:`ModelSpec.kv_bytes_per_token` computed at 2 bytes per
+    element. At ``bits`` < 16 each of its keys and values in each layer and KV head is
+    ``d_h`` integer codes packed ``8 / bits`` to a byte, plus one scale and one zero point
+    (``scale_bytes`` each, fp16 by default) per group of ``group_size`` elements: per token
+    and head ``ceil(d_h * bits / 8) + ceil(d_h / group_size) * 2 * scale_bytes`` bytes for K
+    and as much for V. That is exact for groups along the channels of one token (values per
+    token, KIVI's layout) and the amortised cost for groups along ``group_size`` tokens of one
+    channel (keys per channel), which hold the same number of scales per token. 0 bits (an
+    evicted token) costs 0.
+
+    Args:
+        spec: the model.
+        bits: one of :data:`KV_PRECISIONS`, or 0.
+        group_size: elements that share a scale and a zero point (>= 1).
+        scale_bytes: bytes of one scale and of one zero point (1, 2 or 4).
+
+    Returns:
+        Bytes per token, over every layer and KV head, K and V.
+
+    Raises:
+        TypeError: ``spec`` is not a ModelSpec, or a count is not an int.
+        ValueError: ``bits``, ``group_size`` or ``scale_bytes`` out of range (named).
+
+    Example: SmolLM2-135M (30 layers, 3 KV heads, ``d_h = 64``) costs 23,040 bytes per token
+    at 16 bits, 12,960 at 8 and 7,200 at 4 with groups of 32 (fp16 scales and zeros).
+    """
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"'spec' must be a ModelSpec: {spec!r}")
+    for name, value in (("bits", bits), ("group_size", group_size), ("scale_bytes", scale_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"'{name}' must be an int: {value!r}")
+    if bits != 0 and bits not in KV_PRECISIONS:
+        raise ValueError(f"'bits' must be 0 or one of {list(KV_PRECISIONS)}: {bits!r}")
+    if group_size < 1:
+        raise ValueError(f"'group_size' must be >= 1: {group_size!r}")
+    if scale_bytes not in (1, 2, 4):
+        raise ValueError(f"'scale_bytes' must be 1, 2 or 4: {scale_bytes!r}")
+    if bits == 0:
+        return 0
+    d = spec.head_dim
+    if bits == 16:
+        per_head = 2 * d
+    else:
+        per_head = math.ceil(d * bits / 8) + math.ceil(d / group_size) * 2 * scale_bytes
+    return 2 * spec.num_layers * spec.num_kv_heads * per_head

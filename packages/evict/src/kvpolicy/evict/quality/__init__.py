@@ -29,10 +29,12 @@ from kvpolicy.evict.quality._decode import (
     output_share,
 )
 from kvpolicy.evict.quality._eval import (
+    BYTES_PARAMS,
     FULL,
     POLICY_CHOICES,
     QualityResult,
     budget_tokens,
+    demoting_factory,
     evaluate,
     parse_policy,
     policy_factory,
@@ -82,6 +84,7 @@ from kvpolicy.evict.quality._train import (
 )
 
 __all__ = [
+    "BYTES_PARAMS",
     "EVAL_TEXTS",
     "FULL",
     "GGUF_FILE",
@@ -104,6 +107,7 @@ __all__ = [
     "decode_batch",
     "decode_perplexity",
     "default_text",
+    "demoting_factory",
     "eval_text",
     "evaluate",
     "feature_kind",

@@ -22,19 +22,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvpolicy.evict.quality import FULL, POLICY_CHOICES, require_quality_deps
+from kvpolicy.kvmodel import ModelSpec
 from kvpolicy.kvmodel.cli import table_console
 
 __all__ = ["group"]
 
 _PREDICTORS = ("compact", "mlp", "constant", "none")
 _DEFAULT_POLICIES = "full,token-pd,h2o,sink-window,lru"
+_SMOL_LAYER = ModelSpec("SmolLM2-135M (one layer)", num_layers=1, num_kv_heads=3, head_dim=64)
+"""For checking labels before the model loads (the costs are rebuilt from the model)."""
 
 
-def _parse_policies(value: str) -> list[str]:
+def _parse_policies(value: str, budget_unit: str = "tokens") -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
     if not names:
         raise click.BadParameter("give at least one policy", param_hint="'--policy'")
-    from kvpolicy.evict.quality import parse_policy
+    from kvpolicy.evict.quality import demoting_factory, parse_policy, policy_factory
 
     for name in names:
         if name.split(":")[0] not in POLICY_CHOICES:
@@ -44,6 +47,10 @@ def _parse_policies(value: str) -> list[str]:
             )
         try:
             parse_policy(name)
+            if budget_unit == "tokens":
+                policy_factory(name)
+            else:
+                demoting_factory(name, _SMOL_LAYER)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--policy'") from None
     return list(dict.fromkeys(names))
@@ -222,6 +229,22 @@ def group() -> None:
     help="What policies observe of each resident token: attention, its attention weight; "
     "output, its share of what dropping it would change in the attention output.",
 )
+@click.option(
+    "--budget-unit",
+    type=click.Choice(["tokens", "bytes"]),
+    default="tokens",
+    show_default=True,
+    help="tokens: a budget is a fraction of the tokens fed, per layer; bytes: of the bytes "
+    "the full cache of those tokens holds at 16 bits, per layer, tokens may be held at lower "
+    "precision (a policy's precision=B or token-pd's precisions=16+8+4; full:precision=B is "
+    "uniform quantization); rows carry bytes_held.",
+)
+@click.option(
+    "--batch-policies",
+    is_flag=True,
+    help="With --budget-unit bytes: decode every policy and budget (and, with --batch-texts, "
+    "every text) as one batch, sharing the forward pass; rows time their own policy work.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of results.")
 def eval_(
     policies: str,
@@ -234,11 +257,15 @@ def eval_(
     batch_texts: bool,
     streams: str,
     signal: str,
+    budget_unit: str,
+    batch_policies: bool,
     as_json: bool,
 ) -> None:
     """Perplexity (or lookup accuracy) of each policy at each budget, decoding TOKENS tokens
     one at a time."""
-    names = _parse_policies(policies)
+    if batch_policies and budget_unit != "bytes":
+        raise click.BadParameter("needs --budget-unit bytes", param_hint="'--batch-policies'")
+    names = _parse_policies(policies, budget_unit)
     fractions = _parse_budgets(budgets)
     sources = _parse_texts(texts)
     _require()
@@ -246,7 +273,13 @@ def eval_(
 
     from kvpolicy.evict.quality import load_smollm2
     from kvpolicy.evict.quality._lookup import build_lookup
-    from kvpolicy.evict.quality._runs import append_row, decode_rows, missing, read_rows
+    from kvpolicy.evict.quality._runs import (
+        append_row,
+        bytes_rows,
+        decode_rows,
+        missing,
+        read_rows,
+    )
 
     console = Console(stderr=True)
     torch.set_num_threads(1)  # one step is a chain of small ops: threads only contend
@@ -260,14 +293,15 @@ def eval_(
             "text": name,
             "tokens": tokens,
             "policy": policy,
-            "budget": 1.0 if policy == FULL else b,
-            "predictor": "-" if policy == FULL else predictor,
-            "streams": "layer" if policy == FULL else streams,
-            "signal": "attention" if policy == FULL else signal,
+            "budget": 1.0 if _is_full(policy) else b,
+            "predictor": "-" if _is_full(policy) else predictor,
+            "streams": "layer" if _is_full(policy) else streams,
+            "signal": "attention" if _is_full(policy) else signal,
+            "budget_unit": budget_unit,
         }
         for name, _content in sources
         for policy in names
-        for b in ([1.0] if policy == FULL else fractions)
+        for b in ([1.0] if _is_full(policy) else fractions)
     ]
     wanted = list({tuple(w.values()): w for w in wanted}.values())
     todo = missing(done, wanted)
@@ -286,19 +320,38 @@ def eval_(
             inputs[name] = (_encode(lm, content, tokens, name), None)
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for w in todo:
-        key: tuple[Any, ...] = (w["policy"], w["budget"])
+        key: tuple[Any, ...] = () if batch_policies else (w["policy"], w["budget"])
         groups.setdefault(key if batch_texts else (*key, w["text"]), []).append(w)
     with _progress(console) as bar:
         task_id = bar.add_task("decoding", total=len(groups) * (tokens - 1))
         advance: Callable[[int], None] = lambda k: bar.advance(task_id, k)  # noqa: E731
         for i, batch in enumerate(groups.values(), 1):
             w = batch[0]
-            names = [b["text"] for b in batch]
+            names = list(dict.fromkeys(b["text"] for b in batch))
             bar.update(
                 task_id,
                 description=f"[{i}/{len(groups)}] {','.join(names)} {w['policy']} {w['budget']:g}",
             )
             try:
+                if batch_policies:
+                    runs = list(dict.fromkeys((b["policy"], b["budget"]) for b in batch))
+                    rows = bytes_rows(
+                        lm,
+                        [inputs[name][0] for name in names],
+                        task=task,
+                        texts=names,
+                        runs=runs,
+                        predictor=pred,
+                        predictor_name=predictor,
+                        lookups=[inputs[name][1] for name in names],
+                        progress=advance,
+                    )
+                    rows = [r for r in rows if any(_same(r, b) for b in batch)]
+                    for row in rows:
+                        if out is not None:
+                            append_row(out, row)
+                        results.append(row)
+                    continue
                 rows = decode_rows(
                     lm,
                     [inputs[name][0] for name in names],
@@ -312,6 +365,7 @@ def eval_(
                     progress=advance,
                     streams=w["streams"],
                     signal=w["signal"],
+                    budget_unit=w["budget_unit"],
                 )
             except ValueError as exc:
                 raise click.ClickException(str(exc)) from exc
@@ -320,6 +374,11 @@ def eval_(
                     append_row(out, row)
                 results.append(row)
     _report(results, lm.name, tokens, task, as_json)
+
+
+def _is_full(policy: str) -> bool:
+    """The full cache, at 16 bits or uniformly quantized (``full:precision=4``)."""
+    return policy.split(":")[0] == FULL
 
 
 def _same(row: dict[str, Any], want: dict[str, Any]) -> bool:
@@ -339,6 +398,9 @@ def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_j
     table = Table(title=f"{what} of {model} on {tokens} tokens")
     cols = ["text", "policy", "budget", "tokens/layer", "mean resident", "perplexity (95% CI)"]
     cols += ["vs full (95% CI)", "ms/step", "policy ms/step"]
+    with_bytes = any(r.get("budget_unit") == "bytes" for r in table_rows)
+    if with_bytes:
+        cols.append("bytes held (of full)")
     if task == "lookup":
         cols.append("lookup accuracy")
     for col in cols:
@@ -362,6 +424,12 @@ def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_j
             f"{r['ms_per_step']:.0f}",
             f"{r['policy_ms_per_step']:.1f}",
         ]
+        if with_bytes:
+            cells.append(
+                f"{r['bytes_held']:,.0f} ({r['bytes_fraction']:.1%})"
+                if r.get("bytes_held") is not None
+                else "-"
+            )
         if task == "lookup":
             cells.append("-" if r["accuracy"] is None else f"{r['accuracy']:.0%}")
         table.add_row(*cells)

@@ -106,12 +106,14 @@ def _ragged_eager(
     return out, weights
 
 
-def _register_attention() -> None:
+def _register_attention(name: str = _ATTENTION, function: Any = None) -> None:
+    """Register ``function`` (:func:`_ragged_eager` when None) as transformers attention
+    ``name``, with the eager mask."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
-    AttentionInterface.register(_ATTENTION, _ragged_eager)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(_ATTENTION, eager_mask)
+    AttentionInterface.register(name, _ragged_eager if function is None else function)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, eager_mask)
 
 
 def feature_kind(predictor: object) -> FeatureKind:

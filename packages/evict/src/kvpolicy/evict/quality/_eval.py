@@ -10,16 +10,21 @@ from typing import Any
 from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of, le
 
+from kvpolicy.evict._mixed import MixedConfig, TokenPDMixed, UniformPrecision
+from kvpolicy.evict._precision import PrecisionCosts, check_precisions
 from kvpolicy.evict._returns import ReturnPredictor
+from kvpolicy.evict._tokenpd import TokenPDConfig
 from kvpolicy.evict.quality._decode import decode_perplexity
 from kvpolicy.evict.quality._model import CausalLM
-from kvpolicy.kvmodel import EVICTION, EvictionPolicy, build, describe, names
+from kvpolicy.kvmodel import EVICTION, EvictionPolicy, ModelSpec, build, describe, names
 
 __all__ = [
+    "BYTES_PARAMS",
     "FULL",
     "POLICY_CHOICES",
     "QualityResult",
     "budget_tokens",
+    "demoting_factory",
     "evaluate",
     "parse_policy",
     "policy_factory",
@@ -28,6 +33,13 @@ __all__ = [
 
 FULL = "full"
 """Name of the no-eviction baseline (the full KV cache)."""
+
+BYTES_PARAMS = ("precision", "precisions", "group_size", "loss_scale")
+"""Label params of a run under a budget in bytes (:func:`demoting_factory`), not of the
+policy: ``precision=B`` holds every token at ``B`` bits (any policy, and ``full``: uniform
+quantization); ``precisions=16+8+4`` lets Token-PD choose among those precisions per token
+(:class:`~kvpolicy.evict.TokenPDMixed`), ``loss_scale`` its loss model; ``group_size``
+the channels per quantization group (32 when not given)."""
 
 POLICY_CHOICES: tuple[str, ...] = (
     FULL,
@@ -125,8 +137,8 @@ def parse_policy(label: str) -> tuple[str, dict[str, Any]]:
         if not sep or not key or not raw:
             raise ValueError(f"'policy' parameter must be KEY=VALUE: {part!r} in {label!r}")
         params[key] = _parse_value(raw, part)
-    if name == FULL and params:
-        raise ValueError(f"'policy' full takes no parameters: {label!r}")
+    if name == FULL and set(params) - {"precision", "group_size"}:
+        raise ValueError(f"'policy' full takes only precision and group_size: {label!r}")
     return name, params
 
 
@@ -136,6 +148,11 @@ class _OfBudget(float):
 
 def _parse_value(raw: str, part: str) -> Any:
     low = raw.lower()
+    if "+" in raw:  # a list of ints: precisions=16+8+4
+        items = raw.split("+")
+        if not all(i.isdigit() for i in items):
+            raise ValueError(f"'policy' parameter list must be ints joined by +: {part!r}")
+        return tuple(int(i) for i in items)
     if low in ("true", "false"):
         return low == "true"
     try:
@@ -164,6 +181,11 @@ def policy_factory(name: str) -> Callable[[int], EvictionPolicy] | None:
         ValueError: unknown name; the message lists :data:`POLICY_CHOICES`.
     """
     base, params = parse_policy(name)
+    if set(params) & set(BYTES_PARAMS):
+        raise ValueError(
+            f"'policy' {name!r}: {', '.join(sorted(set(params) & set(BYTES_PARAMS)))} "
+            "needs a budget in bytes (--budget-unit bytes)"
+        )
     if base == FULL:
         return None
     if base == "h2o" and "recent_window" not in params:
@@ -214,3 +236,78 @@ def evaluate(
             r = decode_perplexity(lm, input_ids, _bind(factory, k), k, predictor, progress=progress)
             results.append(QualityResult(name, b, k, r.perplexity, r.mean_resident))
     return results
+
+
+def demoting_factory(
+    name: str, layer: ModelSpec
+) -> tuple[Callable[[float], EvictionPolicy] | None, PrecisionCosts, int]:
+    """The factory, costs and group size of a policy label under a budget in bytes.
+
+    ``BYTES_PARAMS`` are taken from the label (:data:`BYTES_PARAMS`); the rest build the
+    policy as :func:`policy_factory` does, a ``b`` fraction counting the tokens the budget
+    buys at the policy's precision (16 bits for Token-PD choosing its precisions). The
+    factory takes the budget in bytes of one layer.
+
+    Args:
+        name: a label, e.g. ``token-pd:precisions=16+8+4:memory=32`` or ``h2o:precision=4``
+            or ``full:precision=8``.
+        layer: one decoder layer of the model (costs are per layer).
+
+    Returns:
+        ``(factory or None for the full cache at 16 bits, costs, group_size)``.
+
+    Raises:
+        ValueError: unknown policy, ``precisions`` on a policy other than ``token-pd``,
+            both ``precision`` and ``precisions``, or a bad value (named).
+    """
+    base, params = parse_policy(name)
+    extra = {k: params.pop(k) for k in BYTES_PARAMS if k in params}
+    group = extra.get("group_size", 32)
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"'group_size' must be an int >= 1: {group!r} in {name!r}")
+    if "precision" in extra and "precisions" in extra:
+        raise ValueError(f"'policy' {name!r}: give precision or precisions, not both")
+    if "loss_scale" in extra and "precisions" not in extra:
+        raise ValueError(f"'policy' {name!r}: loss_scale needs precisions")
+    if "precisions" in extra:
+        if base != "token-pd":
+            raise ValueError(f"'precisions' is a param of token-pd only: {name!r}")
+        raw = extra["precisions"]
+        chosen = check_precisions(raw if isinstance(raw, tuple) else (raw,))
+        costs = PrecisionCosts.of(layer, sorted({16, *chosen}), group)
+        mixed = MixedConfig(chosen, costs, float(extra.get("loss_scale", 1.0)))
+
+        def mixed_factory(budget_bytes: float) -> EvictionPolicy:
+            k = int(budget_bytes // costs.token_bytes[16])
+            try:
+                config = TokenPDConfig(**_resolve(params, k))
+            except TypeError as exc:
+                raise ValueError(f"'policy' {name!r}: {exc}") from None
+            return TokenPDMixed(config, mixed)
+
+        return mixed_factory, costs, group
+    bits = extra.get("precision", 16)
+    (bits,) = check_precisions([bits])
+    costs = PrecisionCosts.of(layer, sorted({16, bits}), group)
+    if base == FULL:
+        if bits == 16:
+            return None, costs, group
+        base, params = "fifo", {}  # never evicts: the full cache's budget holds every token
+    inner = policy_factory(":".join([base, *(f"{k}={_unparse(v)}" for k, v in params.items())]))
+    assert inner is not None
+
+    def uniform_factory(budget_bytes: float) -> EvictionPolicy:
+        k = max(1, int(budget_bytes // costs.token_bytes[bits]))
+        return UniformPrecision(inner(k), bits, costs)
+
+    return uniform_factory, costs, group
+
+
+def _unparse(value: Any) -> str:
+    if isinstance(value, _OfBudget):
+        return f"{float(value)!r}b"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "+".join(str(v) for v in value)
+    return repr(value)

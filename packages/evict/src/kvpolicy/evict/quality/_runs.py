@@ -19,16 +19,18 @@ import numpy as np
 from kvpolicy.evict._returns import ReturnPredictor
 from kvpolicy.evict.quality._bootstrap import bootstrap_perplexity, bootstrap_ratio
 from kvpolicy.evict.quality._decode import DecodeResult, decode_batch, decode_perplexity
-from kvpolicy.evict.quality._eval import FULL, budget_tokens, policy_factory
+from kvpolicy.evict.quality._eval import FULL, budget_tokens, demoting_factory, policy_factory
 from kvpolicy.evict.quality._lookup import LookupTask, lookup_accuracy
 from kvpolicy.evict.quality._model import CausalLM
 from kvpolicy.kvmodel import EvictionPolicy
 
 __all__ = [
+    "BUDGET_UNITS",
     "KEY_DEFAULTS",
     "ROW_KEY",
     "TASKS",
     "append_row",
+    "bytes_rows",
     "compare_to_full",
     "decode_row",
     "decode_rows",
@@ -41,12 +43,27 @@ __all__ = [
 TASKS = ("ppl", "lookup")
 """``ppl``: perplexity of a text; ``lookup``: accuracy on the records planted before it."""
 
-ROW_KEY = ("task", "text", "tokens", "policy", "budget", "predictor", "streams", "signal")
+ROW_KEY = (
+    "task",
+    "text",
+    "tokens",
+    "policy",
+    "budget",
+    "predictor",
+    "streams",
+    "signal",
+    "budget_unit",
+)
 """Fields that identify a run; a results file holds at most one row per key. A row without
 ``streams`` (kvpress's, and rows written before per-head streams) counts as ``"layer"``,
-one without ``signal`` (kvpress's, and rows written before it) as ``"attention"``."""
+one without ``signal`` (kvpress's, and rows written before it) as ``"attention"``, one
+without ``budget_unit`` (every row before budgets in bytes) as ``"tokens"``."""
 
-KEY_DEFAULTS = {"streams": "layer", "signal": "attention"}
+BUDGET_UNITS = ("tokens", "bytes")
+"""What a budget is a fraction of: the tokens fed (per layer), or the bytes the full cache
+of those tokens holds at 16 bits (per layer; tokens may be held at lower precision)."""
+
+KEY_DEFAULTS = {"streams": "layer", "signal": "attention", "budget_unit": "tokens"}
 """What a row without ``streams`` or ``signal`` counts as (see :data:`ROW_KEY`)."""
 
 
@@ -225,14 +242,37 @@ def decode_rows(
     progress: Any = None,
     streams: str = "layer",
     signal: str = "attention",
+    budget_unit: str = "tokens",
 ) -> list[dict[str, Any]]:
     """:func:`decode_row` of several texts of one length as one batch
     (:func:`~kvpolicy.evict.quality.decode_batch`): one row per text, each timed by the
-    whole batch (``batch`` in the row says how many texts shared it)."""
+    whole batch (``batch`` in the row says how many texts shared it). With
+    ``budget_unit="bytes"`` the budget is a fraction of the full cache's bytes and the
+    texts decode under :func:`~kvpolicy.evict.quality._bytes.decode_bytes` (one stream
+    per layer, attention signal); the rows carry ``bytes_held``."""
     import torch
 
     batch = torch.stack([torch.as_tensor(i, dtype=torch.long) for i in input_ids])
     n = int(batch.shape[1])
+    if budget_unit not in BUDGET_UNITS:
+        raise ValueError(f"'budget_unit' must be one of {', '.join(BUDGET_UNITS)}: {budget_unit!r}")
+    if budget_unit == "bytes":
+        if streams != "layer" or signal != "attention":
+            raise ValueError(
+                "a budget in bytes runs one stream per layer on the attention signal: "
+                f"streams={streams!r}, signal={signal!r}"
+            )
+        return bytes_rows(
+            lm,
+            list(input_ids),
+            task=task,
+            texts=texts,
+            runs=[(policy, budget)],
+            predictor=predictor,
+            predictor_name=predictor_name,
+            lookups=lookups,
+            progress=progress,
+        )
     make, k, budget, streams, signal = _plan(policy, budget, n, streams, signal)
     results = decode_batch(
         lm,
@@ -290,3 +330,85 @@ def missing(
     """The ``wanted`` run keys (dicts of :data:`ROW_KEY`) not yet in ``done``."""
     have = {row_key(r) for r in done}
     return [dict(w) for w in wanted if row_key(w) not in have]
+
+
+def bytes_rows(
+    lm: CausalLM,
+    input_ids: Sequence[Any],
+    *,
+    task: str,
+    texts: Sequence[str],
+    runs: Sequence[tuple[str, float]],
+    predictor: ReturnPredictor | None,
+    predictor_name: str,
+    lookups: Sequence[LookupTask | None] | None = None,
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """Rows of every ``(policy label, budget)`` of ``runs`` on every text, decoded under a
+    budget in bytes as one batch (:func:`~kvpolicy.evict.quality._bytes.decode_bytes`;
+    one row per run and text, the forward pass shared): a budget is a fraction of the bytes
+    the full cache of the text holds at 16 bits, per layer; ``full`` labels run at 1.0.
+    Each row carries ``bytes_held`` (mean over steps of the bytes held after the step's
+    allocation, every layer), ``max_bytes_held``, ``budget_bytes`` and ``full_bytes``
+    (every layer), and its own ``policy_ms_per_step``."""
+    import torch
+
+    from kvpolicy.evict._precision import PRECISIONS, PrecisionCosts
+    from kvpolicy.evict.quality._bytes import decode_bytes, layer_spec
+
+    batch = torch.stack([torch.as_tensor(i, dtype=torch.long) for i in input_ids])
+    n = int(batch.shape[1])
+    layer = layer_spec(lm)
+    plans = []
+    for policy, budget in runs:
+        make, costs, group = demoting_factory(policy, layer)
+        full = policy.split(":")[0] == FULL
+        b = 1.0 if full else float(budget)
+        plans.append((policy, b, make, costs, group, full))
+    groups = {p[4] for p in plans}
+    if len(groups) != 1:
+        raise ValueError(f"one batch takes one group_size: {sorted(groups)}")
+    group = groups.pop()
+    counting = PrecisionCosts.of(layer, PRECISIONS, group)
+    c16 = counting.token_bytes[16]
+    full_bytes = n * c16  # one layer's full cache of n tokens at 16 bits
+    factories: list[Any] = []
+    budgets: list[float] = []
+    meta = []
+    for policy, b, make, _costs, _group, full in plans:
+        for t, text in enumerate(texts):
+            layer_budget = b * full_bytes
+            factories.append(None if make is None else (lambda m=make, lb=layer_budget: m(lb)))
+            budgets.append(layer_budget)
+            meta.append((policy, b, text, t, full))
+    use = predictor if any(not m[4] for m in meta) else None
+    ids = batch[[m[3] for m in meta]]
+    results = decode_bytes(
+        lm, ids, factories, budgets, counting, use, progress=progress, group_size=group
+    )
+    layers = lm.num_layers
+    tasks = list(lookups) if lookups is not None else [None] * len(texts)
+    return [
+        result_row(
+            task=task,
+            text=text,
+            tokens=n,
+            policy=policy,
+            budget=b,
+            kept=int(b * full_bytes // c16),
+            predictor=predictor_name if not full else "-",
+            result=r.result,
+            lookup=tasks[t],
+            extra={
+                "batch": len(meta),
+                "budget_unit": "bytes",
+                "group_size": group,
+                "budget_bytes": b * full_bytes * layers,
+                "full_bytes": full_bytes * layers,
+                "bytes_held": r.bytes_mean,
+                "max_bytes_held": r.bytes_max,
+                "bytes_fraction": r.bytes_max / (full_bytes * layers),
+            },
+        )
+        for (policy, b, text, t, full), r in zip(meta, results, strict=True)
+    ]

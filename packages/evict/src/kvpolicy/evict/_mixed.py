@@ -1,0 +1,321 @@
+"""Policies that hold tokens at several precisions under one budget in bytes.
+
+Both implement kvmodel's ``DemotingPolicy`` (and so ``EvictionPolicy``):
+
+- :class:`UniformPrecision` holds every token of any eviction policy at one precision:
+  ``UniformPrecision(H2OPolicy(), bits=4)`` is int4 quantization plus H2O eviction down to
+  the tokens the byte budget buys at 4 bits; ``UniformPrecision(policy, bits=16)`` is the
+  eviction policy alone, counted in bytes. An eviction-only policy reaches a byte budget
+  this way, unchanged.
+- :class:`TokenPDMixed` is Token-PD with a choice of states per token (16, 8, 4, 2 bits or
+  evicted): each token's value in a state is its estimated return (Token-PD's ``R_hat -
+  lambda sigma^2 + delta``) times the share a state keeps (:func:`retained_fraction`), and
+  :func:`choose_states` prices a byte across every stream at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+from attrs import field, frozen
+from attrs.validators import ge, instance_of
+from numpy.typing import NDArray
+
+from kvpolicy.evict._precision import (
+    EVICTED,
+    PrecisionCosts,
+    check_precisions,
+    choose_states,
+    retained_fraction,
+)
+from kvpolicy.evict._table import _as_positions
+from kvpolicy.evict._tokenpd import TokenPDConfig, TokenPDPolicy
+from kvpolicy.kvmodel import EvictionPolicy, ModelSpec
+
+__all__ = ["DEFAULT_COSTS", "MixedConfig", "StateChanges", "TokenPDMixed", "UniformPrecision"]
+
+StateChanges = Mapping[str, tuple[NDArray[np.int64], NDArray[np.int64]]]
+"""What ``allocate`` returns: per stream, ``(positions, new bits)`` of the tokens that changed
+state, positions ascending (0 bits: evicted)."""
+
+DEFAULT_COSTS = PrecisionCosts.of(ModelSpec("one KV head, d_h = 128", 1, 1, 128))
+"""Costs of one KV head of dimension 128 with groups of 32 and fp16 scales (512, 288, 160
+and 96 bytes at 16, 8, 4 and 2 bits): a stand-in when the model is not known; the
+harness passes its model's costs."""
+
+
+def _check_budget_bytes(budget_bytes: object) -> float:
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int | float | np.number):
+        raise TypeError(f"'budget_bytes' must be a number: {budget_bytes!r}")
+    b = float(budget_bytes)
+    if not math.isfinite(b) or b < 0:
+        raise ValueError(f"'budget_bytes' must be finite and >= 0: {budget_bytes!r}")
+    return b
+
+
+def _merge(
+    out: dict[str, tuple[list[NDArray[np.int64]], list[NDArray[np.int64]]]],
+) -> dict[str, tuple[NDArray[np.int64], NDArray[np.int64]]]:
+    res = {}
+    for stream, (pos, bits) in out.items():
+        p, b = np.concatenate(pos), np.concatenate(bits)
+        order = np.argsort(p, kind="stable")
+        res[stream] = (p[order], b[order])
+    return res
+
+
+class UniformPrecision:
+    """Any eviction policy with every token held at ``bits``, under a budget in bytes.
+
+    A token enters at 16 bits; the next :meth:`allocate` demotes it to ``bits`` (unless it
+    is evicted) and evicts through the base policy down to the tokens the budget buys at
+    ``bits`` bytes each. Every other call goes to the base policy unchanged.
+
+    Args:
+        policy: the eviction policy (it decides which tokens go).
+        bits: the precision every token is held at (16, 8, 4 or 2).
+        costs: bytes per token at 16 bits and at ``bits`` (:data:`DEFAULT_COSTS` when None).
+
+    Raises:
+        TypeError: ``policy`` is not an EvictionPolicy.
+        ValueError: ``bits`` unsupported or without a cost.
+    """
+
+    def __init__(
+        self, policy: EvictionPolicy, bits: int = 16, costs: PrecisionCosts | None = None
+    ) -> None:
+        if not isinstance(policy, EvictionPolicy):
+            raise TypeError(f"'policy' must be an EvictionPolicy: {policy!r}")
+        (b,) = check_precisions([bits])
+        cst = DEFAULT_COSTS if costs is None else costs
+        if not isinstance(cst, PrecisionCosts):
+            raise TypeError(f"'costs' must be PrecisionCosts: {costs!r}")
+        for need in {16, b}:
+            if need not in cst.token_bytes:
+                raise ValueError(f"'costs' has no cost for {need} bits: {dict(cst.token_bytes)}")
+        self._base = policy
+        self._bits = b
+        self._costs = cst
+        # Tokens still at 16 bits (inserted since the last allocate), per stream.
+        self._pending: dict[str, NDArray[np.int64]] = {}
+
+    @property
+    def base(self) -> EvictionPolicy:
+        """The eviction policy."""
+        return self._base
+
+    @property
+    def bits(self) -> int:
+        """The precision every token is held at after :meth:`allocate`."""
+        return self._bits
+
+    def insert(
+        self,
+        stream: str,
+        positions: NDArray[np.int64],
+        signals: NDArray[np.float64] | None = None,
+    ) -> None:
+        """The base policy's insert; the tokens are at 16 bits until :meth:`allocate`."""
+        self._base.insert(stream, positions, signals)
+        pos = _as_positions(positions)
+        prev = self._pending.get(stream)
+        self._pending[stream] = pos.copy() if prev is None else np.concatenate((prev, pos))
+
+    def observe(
+        self, stream: str, positions: NDArray[np.int64], attention: NDArray[np.float64]
+    ) -> None:
+        """The base policy's observe."""
+        self._base.observe(stream, positions, attention)
+
+    def _forget(self, evicted: Mapping[str, NDArray[np.int64]]) -> None:
+        for stream, pos in evicted.items():
+            prev = self._pending.get(stream)
+            if prev is not None and prev.size:
+                self._pending[stream] = prev[~np.isin(prev, pos)]
+
+    def evict(self, budget_tokens: int) -> Mapping[str, NDArray[np.int64]]:
+        """The base policy's evict, counted in tokens."""
+        out = self._base.evict(budget_tokens)
+        self._forget(out)
+        return out
+
+    def allocate(self, budget_bytes: float) -> StateChanges:
+        """Evict through the base policy to ``floor(budget_bytes / cost(bits))`` tokens, then
+        demote every token still at 16 bits to ``bits``."""
+        budget = _check_budget_bytes(budget_bytes)
+        per = self._costs.token_bytes[self._bits]
+        evicted = self.evict(int(budget // per))
+        out: dict[str, tuple[list[NDArray[np.int64]], list[NDArray[np.int64]]]] = {}
+        for stream, pos in evicted.items():
+            if pos.size:
+                out[stream] = ([pos], [np.zeros(pos.size, dtype=np.int64)])
+        if self._bits != 16:
+            for stream, pos in self._pending.items():
+                if pos.size:
+                    got = out.setdefault(stream, ([], []))
+                    got[0].append(pos)
+                    got[1].append(np.full(pos.size, self._bits, dtype=np.int64))
+        self._pending = {}
+        return _merge(out)
+
+    def resident_bytes(self) -> float:
+        """Tokens at ``bits`` times their cost, plus those still at 16 bits."""
+        fresh = sum(int(p.size) for p in self._pending.values())
+        held = self._base.resident_tokens() - fresh
+        c = self._costs.token_bytes
+        return float(held * c[self._bits] + fresh * c[16])
+
+    def remove(self, stream: str) -> None:
+        """Forget a stream."""
+        self._base.remove(stream)
+        self._pending.pop(stream, None)
+
+    def resident_tokens(self) -> int:
+        """Tokens resident in the base policy."""
+        return self._base.resident_tokens()
+
+
+@frozen
+class MixedConfig:
+    """The states :class:`TokenPDMixed` chooses between, and what each costs and keeps."""
+
+    precisions: tuple[int, ...] = field(default=(16, 8, 4), converter=check_precisions)
+    """Bits a resident token may be held at (highest first after conversion); a token
+    enters at 16 bits and may also be evicted. Without 16 every token leaves 16 bits at
+    its first allocation."""
+    costs: PrecisionCosts = field(default=DEFAULT_COSTS, validator=instance_of(PrecisionCosts))
+    """Bytes of a token of one stream at each precision (16 bits always needed)."""
+    loss_scale: float = field(default=1.0, converter=float, validator=ge(0.0))
+    """How much return quantization costs: a token at ``b`` bits keeps
+    ``1 - loss_scale / (2**b - 1)`` of it (:func:`retained_fraction`)."""
+
+    def __attrs_post_init__(self) -> None:
+        if not math.isfinite(self.loss_scale):
+            raise ValueError(f"'loss_scale' must be finite: {self.loss_scale!r}")
+        for need in {16, *self.precisions}:
+            if need not in self.costs.token_bytes:
+                raise ValueError(
+                    f"'costs' has no cost for {need} bits: {dict(self.costs.token_bytes)}"
+                )
+
+
+class TokenPDMixed(TokenPDPolicy):
+    """Token-PD choosing each token's precision or eviction under one byte budget.
+
+    Everything of :class:`TokenPDPolicy` (its return estimates, signals, sinks and recent
+    window, ``evict`` in tokens) plus :meth:`allocate`: the value of a token in state ``b``
+    is ``max(g + mu c, 0) * retained_fraction(b)`` (its return net of risk, as Token-PD
+    prices it, times what ``b`` bits keep of it), its cost the bytes of ``b`` bits, and
+    :func:`choose_states` picks every token's state across every stream with one price per
+    byte (:attr:`byte_price`). A state only goes down; protected tokens (sinks, recent
+    window) take their upgrades before any other.
+
+    Args:
+        config: Token-PD's parameters.
+        mixed: the states, their costs and the loss model.
+    """
+
+    def __init__(
+        self, config: TokenPDConfig | None = None, mixed: MixedConfig | None = None
+    ) -> None:
+        super().__init__(config)
+        m = MixedConfig() if mixed is None else mixed
+        if not isinstance(m, MixedConfig):
+            raise TypeError(f"'mixed' must be a MixedConfig: {mixed!r}")
+        self._mixed = m
+        # States from the free one up, with their cost and the share of return kept.
+        self._states = np.array([EVICTED, *sorted({16, *m.precisions})], dtype=np.int64)
+        self._state_cost = m.costs.cost(self._states)
+        self._keeps = np.array([retained_fraction(int(b), m.loss_scale) for b in self._states])
+        self._allowed = np.isin(self._states, (EVICTED, *m.precisions))
+        self._byte_price = 0.0
+        self.table.add_column("bits", fill=16.0)
+
+    @property
+    def mixed(self) -> MixedConfig:
+        """The states and their costs."""
+        return self._mixed
+
+    @property
+    def byte_price(self) -> float:
+        """The price of a byte at the last :meth:`allocate` (value per byte of the first
+        upgrade the budget left out; 0 before any or when everything fitted)."""
+        return self._byte_price
+
+    def precisions_of(self, stream: str, positions: NDArray[np.int64]) -> NDArray[np.int64]:
+        """(n,) int64 bits at which resident ``positions`` of ``stream`` are held."""
+        slots = self.table.lookup(stream, positions)
+        return self.table.column("bits")[slots].astype(np.int64)
+
+    def new_keys(
+        self, slots: NDArray[np.int64], signals: NDArray[np.float64] | None
+    ) -> NDArray[np.float64]:
+        """Token-PD's keys; the tokens enter at 16 bits."""
+        self.table.column("bits")[slots] = 16.0
+        return super().new_keys(slots, signals)
+
+    def resident_bytes(self) -> float:
+        """Bytes of every resident token at its precision."""
+        slots = self.table.resident_slots()
+        bits = self.table.column("bits")[slots].astype(np.int64)
+        return float(self._mixed.costs.cost(bits).sum())
+
+    def allocate(self, budget_bytes: float) -> StateChanges:
+        """Choose every resident token's state at one price per byte (module docstring).
+
+        Returns:
+            Per stream, the positions whose state changed and their new bits (0: evicted).
+
+        Raises:
+            TypeError, ValueError: ``budget_bytes`` not a finite number >= 0; nothing
+                changes then.
+        """
+        budget = _check_budget_bytes(budget_bytes)
+        table = self.table
+        slots = table.resident_slots()
+        if not slots.size:
+            return {}
+        self._steps += 1
+        value = np.empty(slots.size)
+        start = 0
+        for stream in table.streams:
+            own = table.resident_slots(stream)
+            value[start : start + own.size] = self._value(own, stream)
+            start += own.size
+        value = np.maximum(value, 0.0)
+        prot = table.protected(slots)
+        # Protected tokens are worth more than every other one together.
+        value = np.where(prot, value + 1.0 + value.sum(), value)
+        bits_col = table.column("bits")
+        current = bits_col[slots].astype(np.int64)
+        available = self._allowed[None, :] & (self._states[None, :] <= current[:, None])
+        available[:, 0] = True
+        # A token may stay where it is even when its precision is no longer offered.
+        available |= self._states[None, :] == current[:, None]
+        choice = choose_states(
+            value[:, None] * self._keeps[None, :],
+            self._state_cost,
+            budget,
+            available,
+            priority=table.insertion_order(slots).astype(np.float64),
+        )
+        self._byte_price = choice.price
+        new = self._states[choice.state]
+        changed = new != current
+        if not changed.any():
+            return {}
+        positions = table.positions_of(slots)
+        counts = [table.stream_tokens(name) for name in table.streams]
+        sids = np.repeat(np.arange(len(counts)), counts)
+        out: dict[str, tuple[list[NDArray[np.int64]], list[NDArray[np.int64]]]] = {}
+        for sid in np.unique(sids[changed]):
+            hit = changed & (sids == sid)
+            out[table.streams[int(sid)]] = ([positions[hit]], [new[hit]])
+        demoted = changed & (new != EVICTED)
+        bits_col[slots[demoted]] = new[demoted].astype(np.float64)
+        gone = slots[changed & (new == EVICTED)]
+        if gone.size:
+            table.release(gone)
+        return _merge(out)
