@@ -22,6 +22,7 @@ from kvpolicy.evict.quality._decode import DecodeResult, decode_batch, decode_pe
 from kvpolicy.evict.quality._eval import FULL, budget_tokens, policy_factory
 from kvpolicy.evict.quality._lookup import LookupTask, lookup_accuracy
 from kvpolicy.evict.quality._model import CausalLM
+from kvpolicy.evict.quality._needle import NeedleTask
 from kvpolicy.kvmodel import EvictionPolicy
 
 __all__ = [
@@ -38,8 +39,9 @@ __all__ = [
     "row_key",
 ]
 
-TASKS = ("ppl", "lookup")
-"""``ppl``: perplexity of a text; ``lookup``: accuracy on the records planted before it."""
+TASKS = ("ppl", "lookup", "needle")
+"""``ppl``: perplexity of a text; ``lookup``: accuracy on the records planted before it;
+``needle``: accuracy on records planted at 25%, 50% and 75% of it (``depth_accuracy``)."""
 
 ROW_KEY = ("task", "text", "tokens", "policy", "budget", "predictor", "streams", "signal")
 """Fields that identify a run; a results file holds at most one row per key. A row without
@@ -108,7 +110,7 @@ def result_row(
     kept: int,
     predictor: str,
     result: DecodeResult,
-    lookup: LookupTask | None = None,
+    lookup: LookupTask | NeedleTask | None = None,
     extra: Mapping[str, Any] | None = None,
     streams: str | None = "layer",
     signal: str | None = "attention",
@@ -141,6 +143,8 @@ def result_row(
         "accuracy": None if lookup is None else lookup_accuracy(result.correct, lookup),
         "nll": [round(float(x), 5) for x in result.nll],
     }
+    if isinstance(lookup, NeedleTask):
+        row["depth_accuracy"] = lookup.depth_accuracy(result.correct)
     if streams is not None:
         row["streams"] = streams
     if signal is not None:
