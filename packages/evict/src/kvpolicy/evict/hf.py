@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from transformers.cache_utils import Cache
@@ -102,23 +102,27 @@ class PolicyCache(Cache):  # type: ignore[misc]
         finally:
             model.set_attn_implementation(previous)
 
+    def policy_layers(self) -> list[PolicyLayer]:
+        """The layers built so far (one per decoder layer the model has run)."""
+        return cast(list[PolicyLayer], self.layers)
+
     def resident(self) -> np.ndarray[Any, np.dtype[np.int64]]:
         """(layers, rows) tokens each layer holds for each row now."""
         if not self.layers:
             return np.zeros((0, 0), dtype=np.int64)
-        return np.stack([layer.held for layer in self.layers])
+        return np.stack([layer.held for layer in self.policy_layers()])
 
     def resident_positions(self, layer: int, row: int) -> np.ndarray[Any, np.dtype[np.int64]]:
         """True positions (0-based, padding not counted) of the tokens ``layer`` holds for
         ``row``, in the order of the cached keys."""
-        return self.layers[layer].positions[row].copy()  # type: ignore[no-any-return]
+        return self.policy_layers()[layer].positions[row].copy()
 
     @property
     def max_resident(self) -> int:
         """The most tokens any layer held (all rows together) after any token's eviction."""
-        return max((layer.max_resident for layer in self.layers), default=0)
+        return max((layer.max_resident for layer in self.policy_layers()), default=0)
 
     @property
     def evicted(self) -> int:
         """Tokens evicted so far, over all layers and rows."""
-        return sum(layer.evicted for layer in self.layers)
+        return sum(layer.evicted for layer in self.policy_layers())

@@ -54,6 +54,14 @@ class NeedleTask:
     context: int = field(validator=instance_of(int))
     """Tokens before the questions (filler and records); the depths are fractions of it."""
 
+    def accuracy(self, correct: NDArray[np.bool_]) -> float:
+        """Fraction of all scored digits predicted right (``correct`` from a DecodeResult).
+
+        Raises:
+            ValueError: ``correct`` is not ``(n - 1,)``.
+        """
+        return float(_check_correct(correct, self)[self.scored].mean())
+
     def depth_accuracy(self, correct: NDArray[np.bool_]) -> dict[str, float]:
         """Fraction of the scored digits predicted right at each depth, keyed by the depth
         written as ``f"{d:g}"`` (``"0.25"``), for JSON rows.

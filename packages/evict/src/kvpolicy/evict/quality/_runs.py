@@ -140,7 +140,11 @@ def result_row(
         "max_resident": result.max_resident,
         "ms_per_step": result.ms_per_step,
         "policy_ms_per_step": result.policy_ms_per_step,
-        "accuracy": None if lookup is None else lookup_accuracy(result.correct, lookup),
+        "accuracy": None
+        if lookup is None
+        else lookup.accuracy(result.correct)
+        if isinstance(lookup, NeedleTask)
+        else lookup_accuracy(result.correct, lookup),
         "nll": [round(float(x), 5) for x in result.nll],
     }
     if isinstance(lookup, NeedleTask):
@@ -177,7 +181,7 @@ def decode_row(
     budget: float,
     predictor: ReturnPredictor | None,
     predictor_name: str,
-    lookup: LookupTask | None = None,
+    lookup: LookupTask | NeedleTask | None = None,
     progress: Any = None,
     streams: str = "layer",
     signal: str = "attention",
@@ -225,7 +229,7 @@ def decode_rows(
     budget: float,
     predictor: ReturnPredictor | None,
     predictor_name: str,
-    lookups: Sequence[LookupTask | None] | None = None,
+    lookups: Sequence[LookupTask | NeedleTask | None] | None = None,
     progress: Any = None,
     streams: str = "layer",
     signal: str = "attention",
