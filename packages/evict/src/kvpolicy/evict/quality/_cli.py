@@ -188,10 +188,11 @@ def group() -> None:
 )
 @click.option(
     "--task",
-    type=click.Choice(["ppl", "lookup"]),
+    type=click.Choice(["ppl", "lookup", "needle"]),
     default="ppl",
     show_default=True,
-    help="ppl: perplexity of the text; lookup: accuracy on records planted before it.",
+    help="ppl: perplexity of the text; lookup: accuracy on records planted before it; "
+    "needle: accuracy per depth on records planted at 25%, 50% and 75% of it.",
 )
 @click.option(
     "--predictor",
@@ -273,6 +274,7 @@ def eval_(
 
     from kvpolicy.evict.quality import load_smollm2
     from kvpolicy.evict.quality._lookup import build_lookup
+    from kvpolicy.evict.quality._needle import build_needle
     from kvpolicy.evict.quality._runs import (
         append_row,
         bytes_rows,
@@ -310,9 +312,10 @@ def eval_(
         console.print(f"{len(wanted) - len(todo)} of {len(wanted)} runs already in {out}")
     inputs: dict[str, tuple[Any, Any]] = {}
     for name, content in sources:
-        if task == "lookup":
+        if task in ("lookup", "needle"):
+            build = build_needle if task == "needle" else build_lookup
             try:
-                lookup = build_lookup(lm.tokenizer, content, tokens)
+                lookup = build(lm.tokenizer, content, tokens)
             except ValueError as exc:
                 raise click.ClickException(f"{name}: {exc}") from exc
             inputs[name] = (lookup.input_ids, lookup)
@@ -394,7 +397,9 @@ def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_j
     if as_json:
         click.echo(json.dumps(table_rows, indent=2))
         return
-    what = "Perplexity" if task == "ppl" else "Lookup accuracy and perplexity"
+    what = {"ppl": "Perplexity", "needle": "Needle accuracy per depth and perplexity"}.get(
+        task, "Lookup accuracy and perplexity"
+    )
     table = Table(title=f"{what} of {model} on {tokens} tokens")
     cols = ["text", "policy", "budget", "tokens/layer", "mean resident", "perplexity (95% CI)"]
     cols += ["vs full (95% CI)", "ms/step", "policy ms/step"]
@@ -403,6 +408,9 @@ def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_j
         cols.append("bytes held (of full)")
     if task == "lookup":
         cols.append("lookup accuracy")
+    depths = sorted({d for r in table_rows for d in r.get("depth_accuracy") or {}}, key=float)
+    if task == "needle":
+        cols += ["accuracy", *(f"at {float(d):.0%}" for d in depths)]
     for col in cols:
         table.add_column(col, justify="left" if col in ("text", "policy") else "right")
     for r in table_rows:
@@ -430,8 +438,11 @@ def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_j
                 if r.get("bytes_held") is not None
                 else "-"
             )
-        if task == "lookup":
+        if task in ("lookup", "needle"):
             cells.append("-" if r["accuracy"] is None else f"{r['accuracy']:.0%}")
+        if task == "needle":
+            by_depth = r.get("depth_accuracy") or {}
+            cells += [f"{by_depth[d]:.0%}" if d in by_depth else "-" for d in depths]
         table.add_row(*cells)
     table_console().print(table)
 

@@ -22,6 +22,7 @@ from kvpolicy.evict.quality._decode import DecodeResult, decode_batch, decode_pe
 from kvpolicy.evict.quality._eval import FULL, budget_tokens, demoting_factory, policy_factory
 from kvpolicy.evict.quality._lookup import LookupTask, lookup_accuracy
 from kvpolicy.evict.quality._model import CausalLM
+from kvpolicy.evict.quality._needle import NeedleTask
 from kvpolicy.kvmodel import EvictionPolicy
 
 __all__ = [
@@ -40,8 +41,9 @@ __all__ = [
     "row_key",
 ]
 
-TASKS = ("ppl", "lookup")
-"""``ppl``: perplexity of a text; ``lookup``: accuracy on the records planted before it."""
+TASKS = ("ppl", "lookup", "needle")
+"""``ppl``: perplexity of a text; ``lookup``: accuracy on the records planted before it;
+``needle``: accuracy on records planted at 25%, 50% and 75% of it (``depth_accuracy``)."""
 
 ROW_KEY = (
     "task",
@@ -125,7 +127,7 @@ def result_row(
     kept: int,
     predictor: str,
     result: DecodeResult,
-    lookup: LookupTask | None = None,
+    lookup: LookupTask | NeedleTask | None = None,
     extra: Mapping[str, Any] | None = None,
     streams: str | None = "layer",
     signal: str | None = "attention",
@@ -155,9 +157,15 @@ def result_row(
         "max_resident": result.max_resident,
         "ms_per_step": result.ms_per_step,
         "policy_ms_per_step": result.policy_ms_per_step,
-        "accuracy": None if lookup is None else lookup_accuracy(result.correct, lookup),
+        "accuracy": None
+        if lookup is None
+        else lookup.accuracy(result.correct)
+        if isinstance(lookup, NeedleTask)
+        else lookup_accuracy(result.correct, lookup),
         "nll": [round(float(x), 5) for x in result.nll],
     }
+    if isinstance(lookup, NeedleTask):
+        row["depth_accuracy"] = lookup.depth_accuracy(result.correct)
     if streams is not None:
         row["streams"] = streams
     if signal is not None:
@@ -190,7 +198,7 @@ def decode_row(
     budget: float,
     predictor: ReturnPredictor | None,
     predictor_name: str,
-    lookup: LookupTask | None = None,
+    lookup: LookupTask | NeedleTask | None = None,
     progress: Any = None,
     streams: str = "layer",
     signal: str = "attention",
@@ -238,7 +246,7 @@ def decode_rows(
     budget: float,
     predictor: ReturnPredictor | None,
     predictor_name: str,
-    lookups: Sequence[LookupTask | None] | None = None,
+    lookups: Sequence[LookupTask | NeedleTask | None] | None = None,
     progress: Any = None,
     streams: str = "layer",
     signal: str = "attention",
