@@ -374,10 +374,13 @@ def fleet_settings(
     backends: Sequence[str] = (),
     router: str | None = None,
     autoscaler: str | None = None,
+    *,
+    backends_required: bool = True,
 ) -> FleetSettings:
     """The fleet of a pool manifest and the ``--backend``/``--router``/``--autoscaler``
     flags, checked before anything starts (routing is None for one ``--backend`` and no
-    ``routing:`` section: it is proxied to as before).
+    ``routing:`` section: it is proxied to as before). With ``backends_required=False``
+    (checking a manifest alone) no backend is no error.
 
     Raises:
         ManifestError: a bad backend (not http(s), given twice, none at all), an unknown
@@ -388,7 +391,10 @@ def fleet_settings(
     raw = config if isinstance(config, Mapping) else _read(pathlib.Path(config))
     if not isinstance(raw, Mapping):
         raw = {}
-    specs = load_backends(backends, raw)
+    if backends or raw.get("backends") is not None or backends_required:
+        specs = load_backends(backends, raw)
+    else:
+        specs = ()
     routing = None
     if len(specs) > 1 or raw.get("routing") or router is not None:
         routing = load_routing(raw, router)
