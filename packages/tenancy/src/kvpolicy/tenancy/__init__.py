@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from kvpolicy.tenancy.__about__ import __version__
 from kvpolicy.tenancy._autoscale import TokenPoolAutoscaler
-from kvpolicy.tenancy._backends import BackendSpec, RoutingConfig, load_backends, load_routing
+from kvpolicy.tenancy._backends import (
+    BackendSpec,
+    FleetSettings,
+    RoutingConfig,
+    fleet_settings,
+    load_backends,
+    load_routing,
+)
 from kvpolicy.tenancy._classes import (
     DEDICATED,
     ELASTIC,
@@ -69,6 +76,7 @@ __all__ = [
     "SPOT",
     "BackendSpec",
     "EntitlementState",
+    "FleetSettings",
     "GateConfig",
     "HealthConfig",
     "Holding",
@@ -101,6 +109,7 @@ __all__ = [
     "custom_resources",
     "dump_manifest",
     "ewma",
+    "fleet_settings",
     "load_backends",
     "load_gate",
     "load_lease_gate",

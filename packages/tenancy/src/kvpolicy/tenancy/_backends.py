@@ -27,9 +27,11 @@ flag) and the value, raised before anything starts.
 from __future__ import annotations
 
 import math
+import os
+import pathlib
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of
@@ -41,11 +43,13 @@ from kvpolicy.tenancy._health import HealthConfig
 
 __all__ = [
     "BackendSpec",
+    "FleetSettings",
     "RoutingConfig",
     "backend_url",
     "build_autoscaler",
     "build_router",
     "fleet_schemas",
+    "fleet_settings",
     "load_backends",
     "load_routing",
 ]
@@ -355,3 +359,47 @@ def fleet_schemas() -> dict[str, dict[str, Any]]:
         "routing": routing,
         "autoscaling": autoscaling,
     }
+
+
+class FleetSettings(NamedTuple):
+    """The backends, routing and autoscaler of a gateway (see :func:`fleet_settings`)."""
+
+    backends: tuple[BackendSpec, ...]
+    routing: RoutingConfig | None
+    autoscaler: Autoscaler | None
+
+
+def fleet_settings(
+    config: str | os.PathLike[str] | Mapping[str, Any],
+    backends: Sequence[str] = (),
+    router: str | None = None,
+    autoscaler: str | None = None,
+    *,
+    backends_required: bool = True,
+) -> FleetSettings:
+    """The fleet of a pool manifest and the ``--backend``/``--router``/``--autoscaler``
+    flags, checked before anything starts (routing is None for one ``--backend`` and no
+    ``routing:`` section: it is proxied to as before). With ``backends_required=False``
+    (checking a manifest alone) no backend is no error.
+
+    Raises:
+        ManifestError: a bad backend (not http(s), given twice, none at all), an unknown
+            router or autoscaler (the installed ones listed), or a bad routing setting.
+    """
+    from kvpolicy.tenancy._manifest import _read, load_manifest
+
+    raw = config if isinstance(config, Mapping) else _read(pathlib.Path(config))
+    if not isinstance(raw, Mapping):
+        raw = {}
+    if backends or raw.get("backends") is not None or backends_required:
+        specs = load_backends(backends, raw)
+    else:
+        specs = ()
+    routing = None
+    if len(specs) > 1 or raw.get("routing") or router is not None:
+        routing = load_routing(raw, router)
+        if len(specs) > 1:
+            build_router(routing)  # an unknown router fails here, before serving
+    pool = load_manifest(raw)
+    scaler = build_autoscaler(raw, autoscaler, pool, len(specs))
+    return FleetSettings(specs, routing, scaler)

@@ -13,6 +13,7 @@ from rich.table import Table
 from kvpolicy.tenancy import (
     ManifestError,
     crd_documents,
+    fleet_settings,
     load_gate,
     load_manifest,
     replay_experiment,
@@ -227,9 +228,11 @@ def check(manifest: str) -> None:
     try:
         pool = load_manifest(manifest)
         load_gate(manifest, 1)
+        fleet = fleet_settings(manifest, backends_required=False)
     except ManifestError as err:
         raise click.ClickException(str(err)) from err
-    click.echo(f"ok: pool {pool.name!r} with {len(pool.entitlements)} entitlements")
+    more = f"; {len(fleet.backends)} backends" if fleet.backends else ""
+    click.echo(f"ok: pool {pool.name!r} with {len(pool.entitlements)} entitlements{more}")
 
 
 @group.command("crds")

@@ -32,11 +32,12 @@ import re
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from kvpolicy.kvmodel import GateDecision, Request
+from kvpolicy.tenancy._backends import FleetSettings, fleet_settings
 from kvpolicy.tenancy._entitlements import TokenEntitlement, TokenPool, fundable_tokens
 from kvpolicy.tenancy._errors import UnknownRequestError
 from kvpolicy.tenancy._front import FrontLimits, front_protocol
@@ -1456,52 +1457,6 @@ def main(argv: list[str] | None = None) -> None:
         admin_port=args.admin_port,
         limit_concurrency=args.limit_concurrency,
     )
-
-
-class FleetSettings(NamedTuple):
-    """The backends, routing and autoscaler of a gateway (see :func:`fleet_settings`)."""
-
-    backends: tuple[BackendSpec, ...]
-    routing: RoutingConfig | None
-    autoscaler: Autoscaler | None
-
-
-def fleet_settings(
-    config: str | os.PathLike[str] | Mapping[str, Any],
-    backends: Sequence[str] = (),
-    router: str | None = None,
-    autoscaler: str | None = None,
-) -> FleetSettings:
-    """The fleet of a pool manifest and the ``--backend``/``--router``/``--autoscaler``
-    flags, checked before anything starts (routing is None for one ``--backend`` and no
-    ``routing:`` section: it is proxied to as before).
-
-    Raises:
-        ManifestError: a bad backend (not http(s), given twice, none at all), an unknown
-            router or autoscaler (the installed ones listed), or a bad routing setting.
-    """
-    import pathlib
-
-    from kvpolicy.tenancy._backends import (
-        build_autoscaler,
-        build_router,
-        load_backends,
-        load_routing,
-    )
-    from kvpolicy.tenancy._manifest import _read, load_manifest
-
-    raw = config if isinstance(config, Mapping) else _read(pathlib.Path(config))
-    if not isinstance(raw, Mapping):
-        raw = {}
-    specs = load_backends(backends, raw)
-    routing = None
-    if len(specs) > 1 or raw.get("routing") or router is not None:
-        routing = load_routing(raw, router)
-        if len(specs) > 1:
-            build_router(routing)  # an unknown router fails here, before serving
-    pool = load_manifest(raw)
-    scaler = build_autoscaler(raw, autoscaler, pool, len(specs))
-    return FleetSettings(specs, routing, scaler)
 
 
 def _outage(pairs: list[str] | None) -> OutagePolicy:
