@@ -128,7 +128,7 @@ def test_rows_carry_accuracy_per_depth(tiny_lm: CausalLM) -> None:
 
 def test_cli_offers_the_needle_task(tmp_path: pathlib.Path) -> None:
     """``kvpolicy evict eval --task needle`` is offered, and a bad task is named."""
-    from kvpolicy.sim.cli import main
+    from kvpolicy.commands._main import main
 
     runner = CliRunner()
     result = runner.invoke(main, ["evict", "eval", "--help"])
