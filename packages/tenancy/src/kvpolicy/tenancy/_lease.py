@@ -769,6 +769,11 @@ class RedisLeaseGate:
             mine = sum(1 for t, _, _ in self._held.values() if t == tenant)
             if mine >= allowance:
                 _log.warning("redis unavailable (%s): %r denied", err, rid)
+                if _may_have_run(err):
+                    # The script may have admitted it before the answer was lost: release
+                    # it when Redis answers (a release of a lease never made changes
+                    # nothing), so that it holds nothing until its lease expires.
+                    self._pending_release[rid] = -1
                 return GateDecision(False, self._config.min_retry_s * 20, "state-unavailable")
             self._local_ids.add(rid)
             self._held[rid] = (tenant, tok, kv)
@@ -842,6 +847,13 @@ class RedisLeaseGate:
                         self._pending_charge[tenant] = left
                     else:
                         self._pending_charge.pop(tenant, None)
+
+
+def _may_have_run(err: Exception) -> bool:
+    """Whether a script that failed with ``err`` may have run in Redis: a timeout or a
+    connection lost after the command was sent, not a failed connect or an exhausted pool."""
+    text = str(err)
+    return not ("connecting to" in text or "Too many connections" in text)
 
 
 def _redis_errors() -> tuple[type[Exception], ...]:
