@@ -545,6 +545,18 @@ class TestHostileInput:
         assert time.monotonic() - started < 2.0
 
 
+async def _four_served_one_denied(adm: Admission) -> list[Any]:
+    """Five requests of ``max_tokens`` 4,000 to ``b``'s 18,000-token bucket: the first four
+    served on time (17 tokens each), the fifth denied for tokens."""
+    got = [await adm.admit("Bearer k", _chat(max_tokens=4000)) for _ in range(5)]
+    for ticket in got[:4]:
+        assert isinstance(ticket, Ticket)
+        ticket.first = ticket.started + 0.001
+        adm.observe(ticket, b'{"usage": {"prompt_tokens": 8, "completion_tokens": 9}}')
+        await adm.afinish(ticket)
+    return got
+
+
 class TestRefresh:
     def test_token_denials_with_room_raise_the_estimate(self) -> None:
         """Over an in-process gate the gateway feeds ThroughputRefresh: completions on time,
@@ -554,16 +566,7 @@ class TestRefresh:
         config = RefreshConfig(window_s=0.01, min_completions=1, ttft_s=10.0, tpot_s=10.0)
         adm = Admission(local, {"k": "b"}, refresh=ThroughputRefresh(local, config))
 
-        async def run() -> list[Any]:
-            got = [await adm.admit("Bearer k", _chat(max_tokens=4000)) for _ in range(5)]
-            for ticket in got[:4]:
-                assert isinstance(ticket, Ticket)
-                ticket.first = ticket.started + 0.001
-                adm.observe(ticket, b'{"usage": {"prompt_tokens": 8, "completion_tokens": 9}}')
-                await adm.afinish(ticket)
-            return got
-
-        got = asyncio.run(run())
+        got = asyncio.run(_four_served_one_denied(adm))
         assert isinstance(got[4], Reply)
         assert json.loads(got[4].body)["error"]["code"] == "tokens"
         assert local.tokens_per_s == 10_000
@@ -597,12 +600,7 @@ class TestRefresh:
 
         async def run() -> list[Any]:
             adm = adms[0]
-            got = [await adm.admit("Bearer k", _chat(max_tokens=4000)) for _ in range(5)]
-            for ticket in got[:4]:
-                assert isinstance(ticket, Ticket)
-                ticket.first = ticket.started + 0.001
-                adm.observe(ticket, b'{"usage": {"prompt_tokens": 8, "completion_tokens": 9}}')
-                await adm.afinish(ticket)
+            got = await _four_served_one_denied(adm)
             for a in adms:
                 await a.aclose()
             return got
