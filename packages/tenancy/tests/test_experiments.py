@@ -98,7 +98,7 @@ class TestSLOAwareFairShare:
         run = self.replay()
         assert "elastic-reports" not in run.samples[0]["priority"]  # type: ignore[operator]
         first = run.samples[0]["priority"]
-        assert first == {  # type: ignore[comparison-overlap]
+        assert first == {
             "elastic-copilot": pytest.approx(93.85, abs=0.01),
             "elastic-synth": pytest.approx(20.27, abs=0.01),
         }

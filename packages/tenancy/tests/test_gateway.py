@@ -31,6 +31,7 @@ from kvpolicy.tenancy import (  # noqa: E402
     RedisLeaseGate,
     RefreshConfig,
     Resources,
+    SharedThroughputRefresh,
     ThroughputRefresh,
     TokenEntitlement,
     TokenPool,
@@ -544,6 +545,18 @@ class TestHostileInput:
         assert time.monotonic() - started < 2.0
 
 
+async def _four_served_one_denied(adm: Admission) -> list[Any]:
+    """Five requests of ``max_tokens`` 4,000 to ``b``'s 18,000-token bucket: the first four
+    served on time (17 tokens each), the fifth denied for tokens."""
+    got = [await adm.admit("Bearer k", _chat(max_tokens=4000)) for _ in range(5)]
+    for ticket in got[:4]:
+        assert isinstance(ticket, Ticket)
+        ticket.first = ticket.started + 0.001
+        adm.observe(ticket, b'{"usage": {"prompt_tokens": 8, "completion_tokens": 9}}')
+        await adm.afinish(ticket)
+    return got
+
+
 class TestRefresh:
     def test_token_denials_with_room_raise_the_estimate(self) -> None:
         """Over an in-process gate the gateway feeds ThroughputRefresh: completions on time,
@@ -553,16 +566,7 @@ class TestRefresh:
         config = RefreshConfig(window_s=0.01, min_completions=1, ttft_s=10.0, tpot_s=10.0)
         adm = Admission(local, {"k": "b"}, refresh=ThroughputRefresh(local, config))
 
-        async def run() -> list[Any]:
-            got = [await adm.admit("Bearer k", _chat(max_tokens=4000)) for _ in range(5)]
-            for ticket in got[:4]:
-                assert isinstance(ticket, Ticket)
-                ticket.first = ticket.started + 0.001
-                adm.observe(ticket, b'{"usage": {"prompt_tokens": 8, "completion_tokens": 9}}')
-                await adm.afinish(ticket)
-            return got
-
-        got = asyncio.run(run())
+        got = asyncio.run(_four_served_one_denied(adm))
         assert isinstance(got[4], Reply)
         assert json.loads(got[4].body)["error"]["code"] == "tokens"
         assert local.tokens_per_s == 10_000
@@ -572,3 +576,42 @@ class TestRefresh:
         ent = local.entitlement("b")
         assert ent is not None
         assert ent.limits.tokens_per_s == pytest.approx(450)
+
+    def test_replicas_over_redis_raise_the_estimate_together(
+        self, redis_proc: Any, closing: contextlib.ExitStack
+    ) -> None:
+        """Two gateway replicas over one Redis, each with a SharedThroughputRefresh: the
+        token denials and completions one of them saw raise the shared estimate by the
+        probe factor, and the replica that saw nothing follows."""
+        import redis
+
+        clock = [0.0]
+        config = RefreshConfig(window_s=1.0, min_completions=1, ttft_s=10.0, tpot_s=10.0)
+        adms = []
+        for _ in range(2):
+            gate = RedisLeaseGate.from_url(_budget_pool(), 1, redis_proc.url, namespace="rf")
+            closing.callback(gate.close)
+            client = redis.Redis.from_url(redis_proc.url)
+            closing.callback(client.close)
+            refresh = SharedThroughputRefresh(
+                gate, config, client, namespace="rf", clock=lambda: clock[0]
+            )
+            adms.append(Admission(gate, {"k": "b"}, refresh=refresh))
+
+        async def run() -> list[Any]:
+            adm = adms[0]
+            got = await _four_served_one_denied(adm)
+            for a in adms:
+                await a.aclose()
+            return got
+
+        for adm in adms:
+            adm.tick(busy=False)  # window 0 starts
+        got = asyncio.run(run())
+        assert json.loads(got[4].body)["error"]["code"] == "tokens"
+        for now in (1.0, 2.0):
+            clock[0] = now
+            for adm in adms:
+                adm.tick(busy=False)
+        assert [a.gate.pool.capacity.tokens_per_s for a in adms] == [10_000, 10_000]
+        assert [a.gate.tokens_per_s for a in adms] == [pytest.approx(15_000)] * 2  # type: ignore[attr-defined]

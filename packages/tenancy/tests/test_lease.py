@@ -270,6 +270,29 @@ class TestFaults:
         assert gate.check(_req("after")).admitted
         assert gate.release(_req("after")).released
 
+    def test_a_decision_whose_answer_was_lost_is_released(self, redis_proc: Any) -> None:
+        """The acquire script runs and admits, but its answer is lost (a timeout): the
+        replica denies the request and releases the lease at its next call, so Redis holds
+        nothing for it (rather than until the lease expires); a new request is admitted."""
+        import redis
+
+        gate = _gate(redis_proc.url, outage=OutagePolicy(timeout_s=0.2), recovery_s=0.0)
+        real = gate._acquire
+
+        def lost(**kwargs: Any) -> Any:
+            real(**kwargs)
+            raise redis.exceptions.TimeoutError("Timeout reading from socket")
+
+        gate._acquire = lost
+        away = gate.check(_req("lost"))
+        assert (away.admitted, away.reason) == (False, "state-unavailable")
+        assert gate.usage("g")["in_flight"] == 1  # admitted in Redis, unknown here
+        gate._acquire = real
+        gate.renew()
+        assert gate.usage() == gate.usage("g") == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
+        assert gate.check(_req("next")).admitted
+        assert gate.release(_req("next")).released
+
     def test_outage_per_service_class_then_reconciled(self, redis_proc: Any) -> None:
         """Redis away, ``OutagePolicy({"guaranteed": 0.5})``: guaranteed ``g`` holds up to
         half its baseline (4 of 8, the lease held before the outage included) on this
@@ -478,6 +501,14 @@ def _replica(url: str, index: int, decisions: int, out: Any, tenants: str = "g")
         probe.decr(f"probe:{done.tenant}")
         probe.decr("probe:pool")
         gate.release(done)
+    # As a gateway's renewals do: push what a call that timed out left to reconcile (a
+    # decision whose answer was lost is released; a busy machine makes that happen).
+    for _ in range(100):
+        try:
+            gate.renew()
+            break
+        except redis.exceptions.RedisError:
+            time.sleep(0.05)
     out.put((admitted, violations, peak, by_priority))
 
 

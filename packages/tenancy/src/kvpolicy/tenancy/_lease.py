@@ -468,7 +468,9 @@ class RedisLeaseGate:
             if self._outstanding():
                 await asyncio.to_thread(self._reconcile)
             res = await self._aacquire(keys=self._keys, args=args)
-        except _redis_errors() as err:
+        except _async_errors() as err:
+            if isinstance(err, RuntimeError) and not _closed_transport(err):
+                raise
             self._failed()
             await self._aclient.connection_pool.disconnect(inuse_connections=False)
             return self._check_locally(request.request_id, request.tenant, ent, tok, kv, err)
@@ -615,7 +617,9 @@ class RedisLeaseGate:
             if unadopted is not None:
                 return unadopted
             res = await self._arelease(keys=self._keys, args=args)
-        except _redis_errors():
+        except _async_errors() as err:
+            if isinstance(err, RuntimeError) and not _closed_transport(err):
+                raise
             self._failed()
             await self._aclient.connection_pool.disconnect(inuse_connections=False)
             return self._release_later(rid, actual, mine, clamped)
@@ -769,6 +773,11 @@ class RedisLeaseGate:
             mine = sum(1 for t, _, _ in self._held.values() if t == tenant)
             if mine >= allowance:
                 _log.warning("redis unavailable (%s): %r denied", err, rid)
+                if _may_have_run(err):
+                    # The script may have admitted it before the answer was lost: release
+                    # it when Redis answers (a release of a lease never made changes
+                    # nothing), so that it holds nothing until its lease expires.
+                    self._pending_release[rid] = -1
                 return GateDecision(False, self._config.min_retry_s * 20, "state-unavailable")
             self._local_ids.add(rid)
             self._held[rid] = (tenant, tok, kv)
@@ -842,6 +851,25 @@ class RedisLeaseGate:
                         self._pending_charge[tenant] = left
                     else:
                         self._pending_charge.pop(tenant, None)
+
+
+def _closed_transport(err: RuntimeError) -> bool:
+    """redis-py's asyncio client writing to a connection closed under it (a reconnect racing
+    a failure: uvloop's "the handler is closed") fails like a lost connection."""
+    return "handler is closed" in str(err) or "closed=True" in str(err)
+
+
+def _may_have_run(err: Exception) -> bool:
+    """Whether a script that failed with ``err`` may have run in Redis: a timeout or a
+    connection lost after the command was sent, not a failed connect or an exhausted pool."""
+    text = str(err)
+    return not ("connecting to" in text or "Too many connections" in text)
+
+
+def _async_errors() -> tuple[type[Exception], ...]:
+    """What the asyncio client raises when Redis is away (RuntimeError: see
+    :func:`_closed_transport`; others are re-raised)."""
+    return (*_redis_errors(), RuntimeError)
 
 
 def _redis_errors() -> tuple[type[Exception], ...]:
