@@ -153,6 +153,43 @@ class TestAsync:
         assert away.reason == "state-unavailable"
         assert gate.usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
 
+    def test_a_burst_wider_than_the_connection_pool_waits_for_connections(
+        self, redis_proc: Any
+    ) -> None:
+        """200 concurrent checks and releases over 2 connections: every one is decided by
+        Redis (none answered ``state-unavailable`` for want of a connection) and every
+        counter returns to 0."""
+        gate = _gate(redis_proc.url, ns="burst", max_connections=2)
+
+        async def one(i: int) -> tuple[GateDecision, bool]:
+            decision = await gate.acheck(_req(f"b{i}", tenant="g"))
+            released = (
+                (await gate.arelease(_req(f"b{i}"), 4)).released if decision.admitted else False
+            )
+            return decision, released
+
+        async def run() -> list[tuple[GateDecision, bool]]:
+            try:
+                return list(await asyncio.gather(*(one(i) for i in range(200))))
+            finally:
+                await gate.aclose()
+
+        got = asyncio.run(run())
+        reasons = Counter(d.reason for d, _ in got if not d.admitted)
+        assert "state-unavailable" not in reasons, reasons
+        admitted = [d for d, _ in got if d.admitted]
+        assert admitted
+        assert all(released for d, released in got if d.admitted)
+        assert gate.usage() == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
+        assert gate.check(_req("after")).admitted
+        assert gate.release(_req("after")).released
+        gate.close()
+
+    @pytest.mark.parametrize(("field", "value"), [("max_connections", 0), ("pool_timeout_s", 0.0)])
+    def test_bad_pool_settings_are_named(self, field: str, value: float) -> None:
+        with pytest.raises(ValueError, match=field):
+            _gate("redis://127.0.0.1:1/0", **{field: value})
+
 
 class TestRequestClock:
     @pytest.mark.parametrize(
