@@ -10,7 +10,7 @@ COMMAND = CommandSpec(
         "run": "Simulate one policy stack on a workload or a trace (on a fleet of replicas "
         "with --replicas, --router or --autoscaler).",
         "compare": "Simulate several policy stacks on one workload, side by side (each behind "
-        "every --router given, on a fleet of --replicas).",
+        "every --router and every --autoscaler given, on a fleet of --replicas).",
         "sweep": "Simulate a grid of stack parameters on local processes or on Ray.",
         "fit-timing": "Fit the time model's calibration constants to measured iterations.",
         "fit-attention": "Record SmolLM2-135M's attention on a text and fit the synthetic "
