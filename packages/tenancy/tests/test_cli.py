@@ -56,18 +56,6 @@ class TestCheck:
         assert code == 1
         assert "entitlements[0].max_output_tokens" in out
 
-    def test_the_fleet_sections_are_checked(self, tmp_path: pathlib.Path) -> None:
-        """The fleet example passes with its backends counted; a bad router fails, named."""
-        fleet = TENANCY / "examples" / "pool-fleet.yaml"
-        code, out = _invoke("check", str(fleet))
-        assert code == 0, out
-        assert "ok: pool 'qwen3-8b' with 2 entitlements; 3 backends" in out
-        bad = tmp_path / "bad.yaml"
-        bad.write_text(fleet.read_text().replace("router: prefix-aware", "router: nearest"))
-        code, out = _invoke("check", str(bad))
-        assert code == 1
-        assert "unknown router 'nearest'" in out
-
 
 def test_crds_match_the_committed_files(tmp_path: pathlib.Path) -> None:
     code, out = _invoke("crds", "--out", str(tmp_path))
