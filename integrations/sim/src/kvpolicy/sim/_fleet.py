@@ -465,15 +465,14 @@ class _Run:
             hist.popleft()
         if r.server.pending and r.server.run_start <= seen:
             # Its decode run under way started by then: the iterations over by then are
-            # newer than any snapshot.
+            # newer than any snapshot, and its prefix cache is as the run found it.
             at, view = r.lagged_view(seen)
+            blocks = r.server.resident_blocks(among)
         else:
             at, view = hist[0]
+            blocks = view.resident("gpu").intersection(among)
         return replace_view(
-            view,
-            draining=r.draining,
-            signal_age_s=max(now - at, 0.0),
-            gpu_blocks=view.resident("gpu").intersection(among),
+            view, draining=r.draining, signal_age_s=max(now - at, 0.0), gpu_blocks=blocks
         )
 
     def _snapshot(self, r: _Replica) -> None:
