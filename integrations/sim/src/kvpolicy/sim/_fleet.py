@@ -513,7 +513,7 @@ class _Run:
                 knocked.append(at)
                 continue
             r = self._by_id.get(rid)
-            if r is None or r.draining or r.down < math.inf or r.up > now:
+            if r is None or r.draining or r.down < math.inf or r.up > self._now:
                 raise SimError(
                     f"router {type(router).__name__} placed request {req.request_id!r} on "
                     f"{rid!r}, not a serving replica of {sorted(x.rid for x in serving)}"
