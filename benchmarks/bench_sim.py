@@ -179,13 +179,18 @@ def _fleet_scaling(quick: bool) -> dict[str, Any]:
     for _ in range(2):
         _, cpu, _ = _time(loads[1], STACK_PRESETS["vllm"])
         engine_cost = min(engine_cost, 1e6 * cpu / len(loads[1]))
+        print(f"one engine: {cpu:.2f} s CPU, {1e6 * cpu / len(loads[1]):.0f} us each", flush=True)
         for n in sizes:
             secs, cpu, res = _time(loads[n], _fleet_stack(n))
             cost = 1e6 * cpu / len(loads[n])
             costs[str(n)] = round(min(costs.get(str(n), float("inf")), cost), 1)
             s = res.summary
             info[str(n)] = {"completed": s.completed, "ttft_p50_s": round(s.ttft["p50"], 4)}
-            print(f"fleet of {n:>2}: {len(loads[n]):,} requests, {secs:.1f} s ({cpu:.1f} s CPU)")
+            print(
+                f"fleet of {n:>2}: {len(loads[n]):,} requests, {secs:.1f} s ({cpu:.2f} s CPU, "
+                f"{cost:.0f} us each)",
+                flush=True,
+            )
     largest = str(max(sizes))
     return {
         "fleet_requests_per_replica": per_replica,

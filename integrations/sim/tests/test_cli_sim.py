@@ -266,6 +266,31 @@ class TestWorkloadSpec:
         assert code == 2
         assert "--start does not apply to a azure trace; it takes --limit, --rate" in out
 
+    def test_speedup_and_scale_are_servegen_options(self, tmp_path: pathlib.Path) -> None:
+        """--speedup and --scale replay a ServeGen folder (the same requests K times faster;
+        S times the requests); an Azure trace refuses them, and --scale with --rate is
+        named as flags."""
+        folder = tmp_path / "svc"
+        folder.mkdir()
+        rows = "".join(f"{i * 600},0.05,1.0,Gamma,1.0,1.0\n" for i in range(2))
+        (folder / "chunk-0-trace.csv").write_text(rows)
+        args = ["--trace", str(folder), "--model", "Llama-3-8B", "--gpu", "H100-SXM", "--json"]
+        code, out = _invoke("sim", "run", *args, "--speedup", "10")
+        assert code == 0, out
+        fast = json.loads(out[out.index("{") :])["runs"][0]["summary"]
+        code, out = _invoke("sim", "run", *args)
+        assert code == 0, out
+        slow = json.loads(out[out.index("{") :])["runs"][0]["summary"]
+        assert fast["requests"] == slow["requests"]
+        assert fast["duration_s"] < slow["duration_s"] / 5
+        code, out = _invoke("sim", "run", *args, "--scale", "2", "--rate", "1")
+        assert code == 2
+        assert "give --rate or --scale, not both" in out
+        azure = ["--trace", self._azure(tmp_path), "--model", "Llama-3-8B", "--gpu", "H100-SXM"]
+        code, out = _invoke("sim", "run", *azure, "--speedup", "2")
+        assert code == 2
+        assert "--speedup does not apply to a azure trace" in out
+
     def test_lengths_trace_needs_rate_named_as_a_flag(self, tmp_path: pathlib.Path) -> None:
         """A lengths trace without --rate says --rate, not the Python parameter."""
         p = tmp_path / "l.csv"

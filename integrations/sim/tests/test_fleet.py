@@ -156,6 +156,32 @@ class TestRouting:
         assert free[0] > free[-1]
         assert all(views[0].running == 1 for views in router.seen[1:])
 
+    def test_a_delayed_view_of_a_decode_run_keeps_its_prefix_cache(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """With a signal delay, a replica in the middle of a long decode run shows the
+        routed request's blocks its prefix cache holds (the first request's prompt), and
+        KV growing as the run goes."""
+        hashes = (11, 12, 13, 14)
+        reqs = [kit.request(0, 64, 400, t=0.0, prefix_hashes=hashes)] + [
+            kit.request(i, 64, 2, t=0.5 + 0.25 * i, prefix_hashes=hashes) for i in range(1, 6)
+        ]
+
+        class ToSecond(_Recording):
+            def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
+                self.seen.append(tuple(replicas))
+                return replicas[0].replica_id if request.request_id == "r0" else "r1"
+
+        router = ToSecond()
+        engine = kit.engine(4096, prefix_caching=True)
+        Fleet(lambda k: Engine(tm, engine), router, FleetConfig(2, signal_delay_s=0.1)).run(reqs)
+        first = [views[0] for views in router.seen[1:]]
+        assert all(v.resident("gpu") == frozenset(hashes) for v in first)
+        assert all(v.signal_age_s >= 0.1 for v in first)
+        free = [v.free_blocks for v in first]
+        assert free == sorted(free, reverse=True)
+        assert free[0] > free[-1]
+
     def test_views_are_as_old_as_the_delay(self, kit: SimpleNamespace, tm: TimingModel) -> None:
         """With a signal delay every view a router sees is at least that old; without one,
         every view is fresh."""

@@ -121,6 +121,27 @@ class TestLoadServeGen:
         assert all(0.0 <= r.arrival_time < 3600.0 for r in w.requests)
         assert "rates scaled by 0.5" in w.notes[0]
 
+    def test_speedup_and_scale(self, tmp_path: pathlib.Path) -> None:
+        """speedup K plays the same requests K times faster (the series' shape kept); scale S
+        draws S times the requests over the same span; with rate, or not positive, refused
+        naming the argument."""
+        write_client(tmp_path, 0, windows(1.0, 1.0, 6), PMFS)
+        write_client(tmp_path, 1, windows(3.0, 1.0, 6), PMFS)
+        base = load_trace(tmp_path, seed=4)
+        fast = load_trace(tmp_path, seed=4, speedup=24.0)
+        assert [r.request_id for r in fast.requests] == [r.request_id for r in base.requests]
+        assert fast.arrival_times() == pytest.approx(base.arrival_times() / 24.0)
+        assert "played 24x faster" in fast.notes[0]
+        more = load_trace(tmp_path, seed=4, scale=3.0)
+        assert more.num_requests == pytest.approx(3 * base.num_requests, rel=0.05)
+        assert all(r.arrival_time < 3600.0 for r in more.requests)
+        with pytest.raises(ValueError, match="give 'rate' or 'scale', not both"):
+            load_trace(tmp_path, rate=2.0, scale=2.0)
+        with pytest.raises(ValueError, match="'speedup' must be finite and > 0: 0"):
+            load_trace(tmp_path, speedup=0)
+        with pytest.raises(TypeError, match="'scale' must be a number: 'x'"):
+            load_trace(tmp_path, scale="x")  # type: ignore[arg-type]
+
     def test_no_dataset_uses_azure_lengths_and_says_so(self, tmp_path: pathlib.Path) -> None:
         """Without length files the lengths come from the Azure trace's quantiles, noted."""
         write_client(tmp_path, 0, windows(1.0, 1.0, 2))

@@ -465,15 +465,14 @@ class _Run:
             hist.popleft()
         if r.server.pending and r.server.run_start <= seen:
             # Its decode run under way started by then: the iterations over by then are
-            # newer than any snapshot.
+            # newer than any snapshot, and its prefix cache is as the run found it.
             at, view = r.lagged_view(seen)
+            blocks = r.server.resident_blocks(among)
         else:
             at, view = hist[0]
+            blocks = view.resident("gpu").intersection(among)
         return replace_view(
-            view,
-            draining=r.draining,
-            signal_age_s=max(now - at, 0.0),
-            gpu_blocks=view.resident("gpu").intersection(among),
+            view, draining=r.draining, signal_age_s=max(now - at, 0.0), gpu_blocks=blocks
         )
 
     def _snapshot(self, r: _Replica) -> None:
@@ -514,7 +513,7 @@ class _Run:
                 knocked.append(at)
                 continue
             r = self._by_id.get(rid)
-            if r is None or r.draining or r.down < math.inf or r.up > now:
+            if r is None or r.draining or r.down < math.inf or r.up > self._now:
                 raise SimError(
                     f"router {type(router).__name__} placed request {req.request_id!r} on "
                     f"{rid!r}, not a serving replica of {sorted(x.rid for x in serving)}"

@@ -29,6 +29,8 @@ FLAGS: dict[str, str] = {
     "rate": "--rate",
     "start": "--start",
     "duration": "--duration",
+    "scale": "--scale",
+    "speedup": "--speedup",
     "seed": "--seed",
     "num_requests": "--num-requests",
     "format": "--format",
@@ -37,7 +39,7 @@ FLAGS: dict[str, str] = {
 }
 """Loader parameters and the flags that set them."""
 
-_TRACE_ONLY = ("format", "skip_bad", "limit", "start", "duration")
+_TRACE_ONLY = ("format", "skip_bad", "limit", "start", "duration", "scale", "speedup")
 
 
 def flag_message(message: str) -> str:
@@ -188,6 +190,18 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="Servegen trace: seconds of series to use.  [default: to the end]",
         ),
         click.option(
+            "--scale",
+            type=click.FloatRange(min=0, min_open=True),
+            default=None,
+            help="Servegen trace: times the requests (every client's rate multiplied).",
+        ),
+        click.option(
+            "--speedup",
+            type=click.FloatRange(min=0, min_open=True),
+            default=None,
+            help="Servegen trace: play the series this many times faster (a day in 86,400/K s).",
+        ),
+        click.option(
             "--num-requests",
             type=click.IntRange(min=1),
             default=None,
@@ -211,6 +225,8 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
         rate: float | None,
         start: float | None,
         duration: float | None,
+        scale: float | None,
+        speedup: float | None,
         num_requests: int | None,
         seed: int | None,
         **kwargs: Any,
@@ -224,6 +240,8 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
             rate=rate,
             start=start,
             duration=duration,
+            scale=scale,
+            speedup=speedup,
             num_requests=num_requests,
             seed=seed,
         )

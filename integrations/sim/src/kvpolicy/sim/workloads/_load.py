@@ -26,6 +26,8 @@ _DEFAULTS: dict[str, object] = {
     "seed": 0,
     "start": 0.0,
     "duration": None,
+    "scale": 1.0,
+    "speedup": 1.0,
 }
 
 
@@ -77,6 +79,8 @@ def load_trace(
     seed: int = 0,
     start: float = 0.0,
     duration: float | None = None,
+    scale: float = 1.0,
+    speedup: float = 1.0,
 ) -> Workload:
     """Read a trace as a :class:`Workload`.
 
@@ -106,6 +110,8 @@ def load_trace(
         seed: seed of synthesised arrivals and lengths (``lengths``, ``servegen``).
         start: seconds into the series where the workload begins (``servegen``).
         duration: seconds of series to use (``servegen``); ``None`` runs to the end.
+        scale: times the requests, every client's rate multiplied (``servegen``).
+        speedup: the series played that many times faster (``servegen``).
 
     Bad input is refused at load time, never passed on to fail later:
 
@@ -147,6 +153,8 @@ def load_trace(
             ("seed", seed),
             ("start", start),
             ("duration", duration),
+            ("scale", scale),
+            ("speedup", speedup),
         )
         if v != _DEFAULTS[k] or (k == "rate" and format == "lengths")
     }

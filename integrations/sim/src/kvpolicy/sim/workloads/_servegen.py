@@ -341,6 +341,8 @@ def load_servegen(
     seed: int = 0,
     start: float = 0.0,
     duration: float | None = None,
+    scale: float = 1.0,
+    speedup: float = 1.0,
 ) -> Workload:
     """Synthesise a multi-tenant workload from ServeGen per-client series.
 
@@ -355,6 +357,10 @@ def load_servegen(
         seed: seed of the draws (>= 0).
         start: seconds into the series where the workload begins (its time 0).
         duration: seconds of series to use; ``None`` runs to the end.
+        scale: ``scale`` times the requests: every client's rate multiplied by it (the
+            series' shape kept); not with ``rate``.
+        speedup: the series played ``speedup`` times faster: a day in ``86400 / speedup``
+            s, the same requests (``start`` and ``duration`` stay in series seconds).
 
     Raises:
         TraceFormatError: a malformed file (naming the file and, for the CSV, the line and
@@ -384,6 +390,13 @@ def load_servegen(
             raise TypeError(f"'duration' must be a number or None: {duration!r}")
         if not (math.isfinite(duration) and duration > 0):
             raise ValueError(f"'duration' must be finite and > 0: {duration!r}")
+    for name, value in (("scale", scale), ("speedup", speedup)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"'{name}' must be a number: {value!r}")
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"'{name}' must be finite and > 0: {value!r}")
+    if rate is not None and scale != 1.0:
+        raise ValueError(f"give 'rate' or 'scale', not both: rate={rate!r}, scale={scale!r}")
     end = math.inf if duration is None else float(start) + float(duration)
     log = RowLog(path=os.fspath(p), skip_bad=skip_bad)
     files = _client_files(p)
@@ -397,7 +410,8 @@ def load_servegen(
         for ws in windows.values()
         for w in ws
     )
-    scale = 1.0
+    scale = float(scale)
+    expected *= scale
     if rate is not None:
         rate = _positive_rate(rate)
         if expected <= 0:
@@ -458,7 +472,7 @@ def load_servegen(
     counters: dict[int, int] = defaultdict(int)
     requests = []
     for t, c, (pl, dl) in zip(
-        (all_t - start).tolist(), owner.tolist(), lengths.tolist(), strict=True
+        ((all_t - start) / speedup).tolist(), owner.tolist(), lengths.tolist(), strict=True
     ):
         requests.append(
             Request(
@@ -474,7 +488,8 @@ def load_servegen(
         0,
         f"synthesised from ServeGen per-client series: Gamma gaps per 600 s window (rate, "
         f"CV), seed {seed}, start {start:g} s"
-        + (f", rates scaled by {scale:.6g}" if scale != 1.0 else ""),
+        + (f", rates scaled by {scale:.6g}" if scale != 1.0 else "")
+        + (f", played {speedup:g}x faster" if speedup != 1.0 else ""),
     )
     notes.extend(damaged)
     if log.skipped:
