@@ -20,7 +20,7 @@ from kvpolicy.evict.quality._runs import bytes_rows, decode_rows, row_key
 
 from .test_quality import make_peaked_lm
 
-N = 40
+N = 32
 
 
 @pytest.fixture(scope="module")

@@ -174,3 +174,18 @@ class TestTokenTable:
         with pytest.raises(ValueError, match="'streams' has 1 ids but 'positions' has 2"):
             tab.add(["a"], np.arange(2), lambda s: np.zeros(2))
         assert tab.resident_tokens() == 0
+
+
+class TestResidentSlots:
+    """Every resident slot, per stream or all, and which are protected."""
+
+    def test_resident_slots_follow_positions_and_streams(self) -> None:
+        """Slots come back in position order per stream, streams in insertion order."""
+        t = table.TokenTable(num_sink=1)
+        a = t.add("a", np.array([0, 1, 2]), lambda s: np.zeros(s.size))
+        b = t.add("b", np.array([0, 1]), lambda s: np.zeros(s.size))
+        t.release(a[1:2])
+        assert t.resident_slots("a").tolist() == [a[0], a[2]]
+        assert t.resident_slots().tolist() == [a[0], a[2], b[0], b[1]]
+        assert t.resident_slots("missing").tolist() == []
+        assert t.protected(t.resident_slots()).tolist() == [True, False, True, False]
