@@ -6,6 +6,7 @@ run everywhere."""
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import numpy as np
 import pytest
@@ -18,6 +19,11 @@ from kvpolicy.evict.kvpress import policy_press
 from .test_quality import make_peaked_lm
 
 HAVE_KVPRESS = importlib.util.find_spec("kvpress") is not None
+if HAVE_KVPRESS:
+    # kvpress imports fire, whose 0.6 releases import the deprecated `pipes` module.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import kvpress  # noqa: F401
 needs_kvpress = pytest.mark.skipif(
     not HAVE_KVPRESS,
     reason="kvpress is installed only by the quality_peers session (it needs transformers < 5.3)",
@@ -72,13 +78,14 @@ class TestReplay:
         assert state.slots[0] == [0, 1, 7, 8, 9]
 
 
+@pytest.fixture(scope="module")
+def model() -> object:
+    """The 2-layer tiny Llama with peaked attention, eager."""
+    return make_peaked_lm(2).model
+
+
 @needs_kvpress
 class TestInKvpress:
-    @pytest.fixture(scope="class")
-    def model(self) -> object:
-        """The 2-layer tiny Llama with peaked attention, eager."""
-        return make_peaked_lm(2).model
-
     def test_prefill_keeps_the_policy_s_tokens(self, model: object) -> None:
         """A 40-token context at compression 0.75 keeps int(40 * 0.25) = 10 tokens per layer:
         the keys sink+window keeps (2 sinks, the 8 newest), in position order."""

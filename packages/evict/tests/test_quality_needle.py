@@ -3,16 +3,14 @@ character tokenizer and the tiny random Llama (no download)."""
 
 from __future__ import annotations
 
-import pathlib
 import re
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from kvpolicy.evict.quality import CausalLM
 from kvpolicy.evict.quality._needle import DEPTHS, build_needle
-from kvpolicy.evict.quality._runs import decode_row, read_rows
+from kvpolicy.evict.quality._runs import decode_row
 
 from .test_quality import make_tiny_lm
 from .test_quality_harness import CharTokenizer
@@ -124,17 +122,3 @@ def test_rows_carry_accuracy_per_depth(tiny_lm: CausalLM) -> None:
     assert set(row["depth_accuracy"]) == {"0.25", "0.5", "0.75"}
     assert all(0.0 <= v <= 1.0 for v in row["depth_accuracy"].values())
     assert row["accuracy"] == pytest.approx(np.mean(list(row["depth_accuracy"].values())))
-
-
-def test_cli_offers_the_needle_task(tmp_path: pathlib.Path) -> None:
-    """``kvpolicy evict eval --task needle`` is offered, and a bad task is named."""
-    from kvpolicy.commands._main import main
-
-    runner = CliRunner()
-    result = runner.invoke(main, ["evict", "eval", "--help"])
-    assert result.exit_code == 0
-    assert "needle" in result.output
-    bad = runner.invoke(main, ["evict", "eval", "--task", "haystack"])
-    assert bad.exit_code != 0
-    assert "haystack" in bad.output
-    assert read_rows(tmp_path / "none.jsonl") == []

@@ -56,7 +56,7 @@ def _row_positions() -> NDArray[np.int64]:
     return np.empty(0, dtype=np.int64)
 
 
-class PolicyLayer(CacheLayerMixin):  # type: ignore[misc]
+class PolicyLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     """One decoder layer's keys and values, padded per row, and its eviction policy.
 
     ``keys``/``values`` are ``(rows, kv_heads, slots, head_dim)``; row ``r`` holds
@@ -71,7 +71,7 @@ class PolicyLayer(CacheLayerMixin):  # type: ignore[misc]
     is_croppable = False
 
     def __init__(self, index: int, policy: EvictionPolicy, budget: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.index = index
         self.policy = policy
         self.budget = budget

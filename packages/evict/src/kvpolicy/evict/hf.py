@@ -52,7 +52,7 @@ from kvpolicy.kvmodel import EvictionPolicy
 __all__ = ["ATTENTION", "PolicyCache", "PolicyLayer"]
 
 
-class PolicyCache(Cache):  # type: ignore[misc]
+class PolicyCache(Cache):
     """A KV cache whose layers a kvpolicy eviction policy holds to ``budget_tokens``.
 
     Args:
@@ -86,8 +86,7 @@ class PolicyCache(Cache):  # type: ignore[misc]
             self.layers.append(
                 PolicyLayer(len(self.layers), self.make_policy(), self.budget_tokens)
             )
-        layer: PolicyLayer = self.layers[layer_idx]
-        return layer.update(key_states, value_states)
+        return self.policy_layers()[layer_idx].update(key_states, value_states)
 
     @contextlib.contextmanager
     def attached(self, model: Any) -> Iterator[PolicyCache]:

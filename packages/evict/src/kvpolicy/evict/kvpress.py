@@ -108,7 +108,7 @@ def _press_class(base: type) -> type:
     import torch
 
     @dataclass
-    class KVPolicyPress(base):  # type: ignore[valid-type, misc]
+    class KVPolicyPress(base):  # type: ignore[misc]
         """kvpress press driven by a kvpolicy eviction policy (see
         :func:`kvpolicy.evict.kvpress.policy_press`)."""
 
@@ -119,7 +119,7 @@ def _press_class(base: type) -> type:
 
         def forward_hook(self, module: Any, input: Any, kwargs: dict[str, Any], output: Any) -> Any:
             hidden = kwargs["hidden_states"]
-            cache = kwargs.get("past_key_values", kwargs.get("cache"))
+            cache: Any = kwargs.get("past_key_values", kwargs.get("cache"))
             queries = int(hidden.shape[1])
             position = kwargs.get("cache_position")
             prefill = position is None or int(position[-1]) <= queries

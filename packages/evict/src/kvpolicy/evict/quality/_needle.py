@@ -172,7 +172,7 @@ def build_needle(
     # Each record block starts where its depth falls in the context; the filler between
     # two blocks (and before the first) must be non-empty so the depths stay apart.
     starts = [round(d * context) for d in ds]
-    cuts = []
+    cuts: list[int] = []
     used = 0
     for start, block in zip(starts, blocks, strict=True):
         cut = start - used
