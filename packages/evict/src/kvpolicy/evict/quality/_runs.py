@@ -349,7 +349,7 @@ def bytes_rows(
     runs: Sequence[tuple[str, float]],
     predictor: ReturnPredictor | None,
     predictor_name: str,
-    lookups: Sequence[LookupTask | None] | None = None,
+    lookups: Sequence[LookupTask | NeedleTask | None] | None = None,
     progress: Any = None,
 ) -> list[dict[str, Any]]:
     """Rows of every ``(policy label, budget)`` of ``runs`` on every text, decoded under a
