@@ -42,6 +42,7 @@ from kvpolicy.evict.quality._decode import (
     _signals,
     _stream_attention,
     feature_kind,
+    forward_step,
 )
 from kvpolicy.evict.quality._model import CausalLM
 from kvpolicy.kvmodel import DemotingPolicy, EvictionPolicy, ModelSpec
@@ -239,18 +240,7 @@ def _loop(
                 else:
                     _VALID.pop(layer, None)
             kv_len = max(len(slots[layer][0]) for layer in range(layers))
-            out = lm.model(
-                input_ids=ids[:, t : t + 1],
-                position_ids=torch.full((rows, 1), t),
-                cache_position=torch.tensor([kv_len]),
-                use_cache=True,
-                output_attentions=True,
-                **{cache_arg: cache},
-            )
-            logits = out.logits[:, -1].float()
-            nxt = ids[:, t + 1]
-            nll[:, t] = -torch.log_softmax(logits, dim=-1).gather(1, nxt[:, None])[:, 0].numpy()
-            correct[:, t] = (logits.argmax(dim=-1) == nxt).numpy()
+            out, logits = forward_step(lm, ids, t, kv_len, {cache_arg: cache}, nll, correct)
             step_start = time.perf_counter()
             for layer in range(layers):
                 for r in range(rows):

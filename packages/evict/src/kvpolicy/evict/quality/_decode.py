@@ -359,20 +359,7 @@ def _decode(
     with torch.no_grad():
         for t in range(n - 1):
             kv_len = max(len(r[0]) for r in resident[0])
-            out = lm.model(
-                input_ids=ids[:, t : t + 1],
-                position_ids=torch.full((rows, 1), t),
-                # The mask for one query allows every cached key; cache_position only sizes
-                # it, so the longest layer's length is enough for all layers.
-                cache_position=torch.tensor([kv_len]),
-                use_cache=True,
-                output_attentions=True,
-                **{cache_arg: cache},
-            )
-            logits = out.logits[:, -1].float()
-            nxt = ids[:, t + 1]
-            nll[:, t] = -torch.log_softmax(logits, dim=-1).gather(1, nxt[:, None])[:, 0].numpy()
-            correct[:, t] = (logits.argmax(dim=-1) == nxt).numpy()
+            out, logits = forward_step(lm, ids, t, kv_len, {cache_arg: cache}, nll, correct)
             step_start = time.perf_counter()
             for per_text in resident:
                 for per_head in per_text:
@@ -464,6 +451,40 @@ def _decode(
         )
         for r in range(rows)
     ]
+
+
+def forward_step(
+    lm: CausalLM,
+    ids: Any,
+    t: int,
+    kv_len: int,
+    cache: dict[str, Any],
+    nll: NDArray[np.float64],
+    correct: NDArray[np.bool_],
+) -> tuple[Any, Any]:
+    """One decoding step of every row: token ``t`` in at position ``t`` with attentions
+    out, ``nll[:, t]`` and ``correct[:, t]`` filled for token ``t + 1``; the model's output
+    and the step's logits (float).
+
+    ``kv_len`` is the longest layer's cache length: the mask for one query allows every
+    cached key and ``cache_position`` only sizes it, so that length serves every layer.
+    ``cache`` is ``{argument name: cache}`` (see :func:`_cache_argument`).
+    """
+    import torch
+
+    out = lm.model(
+        input_ids=ids[:, t : t + 1],
+        position_ids=torch.full((int(ids.shape[0]), 1), t),
+        cache_position=torch.tensor([kv_len]),
+        use_cache=True,
+        output_attentions=True,
+        **cache,
+    )
+    logits = out.logits[:, -1].float()
+    nxt = ids[:, t + 1]
+    nll[:, t] = -torch.log_softmax(logits, dim=-1).gather(1, nxt[:, None])[:, 0].numpy()
+    correct[:, t] = (logits.argmax(dim=-1) == nxt).numpy()
+    return out, logits
 
 
 def _pooled_step(
