@@ -598,6 +598,13 @@ class TestPresets:
             WORKLOAD_NAMES
         )
 
+    def test_the_command_lines_list_is_the_presets(self) -> None:
+        """The command line lists the names from a light module (its ``--help`` loads no
+        workload): they are exactly the presets'."""
+        from kvpolicy.sim import _names
+
+        assert _names.WORKLOAD_NAMES == WORKLOAD_NAMES
+
     def test_unknown_name_lists_known_names(self) -> None:
         """An unknown workload name is a ValueError listing every known name."""
         with pytest.raises(ValueError, match="unknown workload 'nope'; known: azure-conv-like"):

@@ -19,6 +19,7 @@ from attrs import frozen
 from kvpolicy.kvmodel import Request, get_gpu, get_model
 from kvpolicy.sim._config import StackConfig
 from kvpolicy.sim._errors import ConfigError
+from kvpolicy.sim._names import EXECUTORS
 from kvpolicy.sim._simulate import check_config, simulate
 from kvpolicy.sim._story import run_warnings
 
@@ -30,9 +31,6 @@ __all__ = [
     "sweep",
     "unchanged_parameters",
 ]
-
-EXECUTORS = ("local", "ray")
-"""Where :func:`sweep` runs its points."""
 
 
 @frozen

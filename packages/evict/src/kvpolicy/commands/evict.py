@@ -1,11 +1,11 @@
 """``kvpolicy evict``, registered by kvpolicy-evict (the command lives in
-``kvpolicy.evict.quality._cli``; it runs with the ``quality`` extra)."""
+``kvpolicy.commands._evict_cli``; it runs with the ``quality`` extra)."""
 
 from kvpolicy.commands._main import CommandSpec
 
 COMMAND = CommandSpec(
     help="Quality of eviction policies on a real LLM (needs kvpolicy-evict[quality]).",
-    target="kvpolicy.evict.quality._cli:group",
+    target="kvpolicy.commands._evict_cli:group",
     subcommands={
         "eval": "Perplexity (or lookup accuracy) of each policy at each budget, decoding TOKENS "
         "tokens one at a time.",

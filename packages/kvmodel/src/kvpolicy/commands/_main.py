@@ -101,7 +101,7 @@ class _LazyGroup(click.Group):
 
     def _real(self) -> click.Group:
         if self._loaded is None:
-            command = self.spec.load()
+            command = _target(self.spec.target)
             if not isinstance(command, click.Group):
                 raise TypeError(f"{self.spec.target} is not a click group")
             self._loaded = command
@@ -113,6 +113,8 @@ class _LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.spec.subcommands:
             return None
+        if cmd_name in self.spec.elsewhere:  # its own module only, not the group's
+            return _target(self.spec.elsewhere[cmd_name])
         return self._real().get_command(ctx, cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

@@ -7,6 +7,9 @@ Protocols that the other kvpolicy packages implement or consume.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
 from kvpolicy.kvmodel.__about__ import __version__
 from kvpolicy.kvmodel._errors import BlockPoolError, KVModelError, UnknownPresetError
 from kvpolicy.kvmodel._fleet import FleetView, ReplicaView, RoutingRequest
@@ -59,7 +62,6 @@ from kvpolicy.kvmodel._registry import (
     describe,
     names,
 )
-from kvpolicy.kvmodel._residency import AttentionSource, ResidencyError, ResidencyLedger
 from kvpolicy.kvmodel._specs import (
     KV_DTYPE_BYTES,
     KV_PRECISIONS,
@@ -76,13 +78,42 @@ from kvpolicy.kvmodel._types import (
     SequenceView,
     TierFetch,
 )
-from kvpolicy.kvmodel._utilisation import (
-    UtilisationPoint,
-    naive_utilisation,
-    paged_utilisation,
-    seed001_lengths,
-    utilisation_sweep,
-)
+
+if TYPE_CHECKING:
+    from kvpolicy.kvmodel._residency import AttentionSource, ResidencyError, ResidencyLedger
+    from kvpolicy.kvmodel._utilisation import (
+        UtilisationPoint,
+        naive_utilisation,
+        paged_utilisation,
+        seed001_lengths,
+        utilisation_sweep,
+    )
+
+_LAZY = {
+    **dict.fromkeys(("AttentionSource", "ResidencyError", "ResidencyLedger"), "_residency"),
+    **dict.fromkeys(
+        (
+            "UtilisationPoint",
+            "naive_utilisation",
+            "paged_utilisation",
+            "seed001_lengths",
+            "utilisation_sweep",
+        ),
+        "_utilisation",
+    ),
+}
+"""Names whose modules need numpy, imported on first use: importing kvmodel (every
+``kvpolicy`` command's ``--help``) does not import numpy."""
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvpolicy.kvmodel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"kvpolicy.kvmodel.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ADMISSION",

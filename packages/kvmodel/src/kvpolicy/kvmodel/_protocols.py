@@ -11,13 +11,14 @@ a million cached tokens per step.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
-
-import numpy as np
-from numpy.typing import NDArray
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from kvpolicy.kvmodel._fleet import FleetView, ReplicaView, RoutingRequest
 from kvpolicy.kvmodel._types import GateDecision, Request, SchedulerState, SequenceView, TierFetch
+
+if TYPE_CHECKING:  # numpy only in annotations: importing kvmodel does not import it
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = [
     "AdmissionPolicy",

@@ -14,11 +14,7 @@ import pathlib
 from typing import Any
 
 import click
-import numpy as np
 from rich.console import Console
-from rich.table import Table
-
-from kvpolicy.sim._attention_fit import attention_summary, fit_attention
 
 __all__ = ["fit_attention_cmd"]
 
@@ -113,6 +109,10 @@ def fit_attention_cmd(
             f"must be > max-distance + {_WARMUP} = {max_distance + _WARMUP}: {tokens}",
             param_hint="'--tokens'",
         )
+    import numpy as np
+    from rich.table import Table
+
+    from kvpolicy.sim._attention_fit import attention_summary, fit_attention
     from kvpolicy.sim.cli._sim import progress_bar
 
     recorded, source = _record(text, tokens)

@@ -11,11 +11,10 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvpolicy.kvmodel import GPUSpec, ModelSpec, get_gpu, get_model
 from kvpolicy.kvmodel.cli import GPU, MODEL
-from kvpolicy.sim._sweep import EXECUTORS as EXECUTOR_NAMES
+from kvpolicy.sim._names import EXECUTORS as EXECUTOR_NAMES
 from kvpolicy.sim.cli._workload import WorkloadSpec, workload_options
 
 __all__ = ["group", "progress_bar"]
@@ -36,6 +35,8 @@ def progress_bar(
     if not enabled:
         yield lambda _done, _total: None
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),

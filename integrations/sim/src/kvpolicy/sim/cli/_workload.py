@@ -142,7 +142,7 @@ class WorkloadSpec:
 
 def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Add the workload options to a command, which then receives ``spec: WorkloadSpec``."""
-    from kvpolicy.sim.workloads import WORKLOAD_NAMES
+    from kvpolicy.sim._names import WORKLOAD_NAMES
 
     formats = names(WORKLOAD_FORMATS)
     options = [

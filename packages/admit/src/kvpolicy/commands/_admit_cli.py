@@ -1,26 +1,22 @@
 """``kvpolicy admit``: stability analysis and model simulation of continuous batching
-(after "Service-Induced Congestion in Memory-Constrained LLM Serving")."""
+(after "Service-Induced Congestion in Memory-Constrained LLM Serving").
+
+Outside ``kvpolicy.admit`` and with its imports inside the commands, so that ``--help``
+imports neither the library nor numpy and scipy.
+"""
 
 from __future__ import annotations
 
 import json
 import pathlib
+from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
 
-from kvpolicy.admit import (
-    ModelResult,
-    PoissonArrivals,
-    SaturatedArrivals,
-    StabilityWorkload,
-    analyze_stability,
-    eviction_free_rate,
-    simulate_model,
-    worst_cycle_ratio,
-    worst_cycle_throughput,
-)
 from kvpolicy.kvmodel.cli import OutputFile, table_console
+
+if TYPE_CHECKING:
+    from kvpolicy.admit import ModelResult, PoissonArrivals, SaturatedArrivals, StabilityWorkload
 
 __all__ = ["group"]
 
@@ -44,6 +40,8 @@ def _floats(name: str, text: str) -> tuple[float, ...]:
 
 
 def _workload(input_len: str, decode_len: str, mix: str | None, memory: int) -> StabilityWorkload:
+    from kvpolicy.admit import StabilityWorkload
+
     l0 = _ints("--input-len", input_len)
     l1 = _ints("--decode-len", decode_len)
     proportions = _floats("--mix", mix) if mix else tuple([1.0 / len(l0)] * len(l0))
@@ -79,6 +77,15 @@ def group() -> None:
 def analyze(input_len: str, decode_len: str, mix: str | None, memory: int, as_json: bool) -> None:
     """Eviction-free rate x*, worst-cycle throughput, spectral radius, GCD stability verdict
     and the shortest prompt that keeps the system stable."""
+    from rich.table import Table
+
+    from kvpolicy.admit import (
+        analyze_stability,
+        eviction_free_rate,
+        worst_cycle_ratio,
+        worst_cycle_throughput,
+    )
+
     workload = _workload(input_len, decode_len, mix, memory)
     report = analyze_stability(workload)
     doc = {
@@ -111,6 +118,8 @@ def analyze(input_len: str, decode_len: str, mix: str | None, memory: int, as_js
 
 
 def _arrivals(text: str) -> SaturatedArrivals | PoissonArrivals:
+    from kvpolicy.admit import PoissonArrivals, SaturatedArrivals
+
     if text == "saturated":
         return SaturatedArrivals()
     if text.startswith("poisson:"):
@@ -197,6 +206,10 @@ def simulate_cmd(
     as_json: bool,
 ) -> None:
     """Run the discrete-time model: throughput, evictions and queue growth."""
+    from rich.table import Table
+
+    from kvpolicy.admit import eviction_free_rate, simulate_model, worst_cycle_throughput
+
     workload = _workload(input_len, decode_len, mix, memory)
     result = simulate_model(
         workload,

@@ -1,4 +1,8 @@
-"""``kvpolicy tiers``: the adaptive Pareto search and the reuse analysis of Kareto."""
+"""``kvpolicy tiers``: the adaptive Pareto search and the reuse analysis of Kareto.
+
+Outside ``kvpolicy.tiers`` and with its imports inside the commands, so that ``--help``
+imports neither the library nor numpy.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +13,9 @@ import time
 from typing import Any
 
 import click
-from rich.table import Table
 
 from kvpolicy.kvmodel import get_model
 from kvpolicy.kvmodel.cli import MODEL, FiniteFloat, OutputFile, table_console
-from kvpolicy.tiers import (
-    ReplayEvaluator,
-    allocate_group_ttls,
-    analyze_reuse,
-    export_graphml,
-    get_tier,
-    plan_tiers,
-    prefix_tree,
-    subtree_reuse,
-    tree_groups,
-)
 
 __all__ = ["group"]
 
@@ -116,6 +108,10 @@ def plan(
     trace: str, grid: bool, as_json: bool, max_requests: int, model: str, block_tokens: int
 ) -> None:
     """Adaptive Pareto search over DRAM GiB x disk GiB (Algorithm 1) by trace replay."""
+    from rich.table import Table
+
+    from kvpolicy.tiers import ReplayEvaluator, get_tier, plan_tiers
+
     rows = _read_trace(trace, max_requests)
     evaluate = ReplayEvaluator(
         rows,
@@ -206,6 +202,17 @@ def reuse(
     as_json: bool,
 ) -> None:
     """Reuse analysis, the prefix tree's top subtrees and their fitted group TTLs."""
+    from rich.table import Table
+
+    from kvpolicy.tiers import (
+        allocate_group_ttls,
+        analyze_reuse,
+        export_graphml,
+        prefix_tree,
+        subtree_reuse,
+        tree_groups,
+    )
+
     rows = _read_trace(trace, max_requests)
     analysis = analyze_reuse(rows)
     start = time.perf_counter()

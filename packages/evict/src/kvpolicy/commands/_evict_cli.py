@@ -6,6 +6,9 @@ reports perplexity per policy and budget. ``train`` fits the return predictors o
 recorded from the model; ``stats`` prints the attention statistics the simulator's
 synthetic attention model is calibrated on. All three need kvpolicy-evict's ``quality``
 extra.
+
+Outside ``kvpolicy.evict`` and with its imports inside the commands, so that ``--help``
+imports neither the library nor numpy.
 """
 
 from __future__ import annotations
@@ -14,19 +17,21 @@ import json
 import math
 import pathlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
-from kvpolicy.evict.quality import FULL, POLICY_CHOICES, require_quality_deps
-from kvpolicy.kvmodel import ModelSpec
+from kvpolicy.kvmodel import EVICTION, ModelSpec, names
 from kvpolicy.kvmodel.cli import table_console
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 __all__ = ["group"]
 
+FULL = "full"
+"""The no-eviction baseline's name (``kvpolicy.evict.quality.FULL``)."""
 _PREDICTORS = ("compact", "mlp", "constant", "none")
 _DEFAULT_POLICIES = "full,token-pd,h2o,sink-window,lru"
 _SMOL_LAYER = ModelSpec("SmolLM2-135M (one layer)", num_layers=1, num_kv_heads=3, head_dim=64)
@@ -37,7 +42,12 @@ def _parse_policies(value: str, budget_unit: str = "tokens") -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
     if not names:
         raise click.BadParameter("give at least one policy", param_hint="'--policy'")
-    from kvpolicy.evict.quality import demoting_factory, parse_policy, policy_factory
+    from kvpolicy.evict.quality import (
+        POLICY_CHOICES,
+        demoting_factory,
+        parse_policy,
+        policy_factory,
+    )
 
     for name in names:
         if name.split(":")[0] not in POLICY_CHOICES:
@@ -93,6 +103,8 @@ def _parse_budgets(value: str) -> list[float]:
 
 
 def _require() -> None:
+    from kvpolicy.evict.quality import require_quality_deps
+
     try:
         require_quality_deps()
     except ImportError as exc:
@@ -135,6 +147,14 @@ def _predictor(kind: str, lm: Any) -> Any:
 
 
 def _progress(console: Console) -> Progress:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -157,7 +177,9 @@ def group() -> None:
     default=_DEFAULT_POLICIES,
     show_default=True,
     help=(
-        f"Comma-separated policies: {', '.join(POLICY_CHOICES)}; a policy may set parameters, "
+        f"Comma-separated policies: {', '.join([FULL, *names(EVICTION)])} (those that need "
+        "parameters, such as composed, are built in Python or a stack file); a policy may set "
+        "parameters, "
         "NAME:KEY=VALUE[:KEY=VALUE], a value ending in b being a fraction of the budget "
         "(token-pd:num_sink=4:recent_window=0.25b)."
     ),
@@ -271,6 +293,7 @@ def eval_(
     sources = _parse_texts(texts)
     _require()
     import torch
+    from rich.console import Console
 
     from kvpolicy.evict.quality import load_smollm2
     from kvpolicy.evict.quality._lookup import build_lookup
@@ -400,6 +423,8 @@ def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_j
     what = {"ppl": "Perplexity", "needle": "Needle accuracy per depth and perplexity"}.get(
         task, "Lookup accuracy and perplexity"
     )
+    from rich.table import Table
+
     table = Table(title=f"{what} of {model} on {tokens} tokens")
     cols = ["text", "policy", "budget", "tokens/layer", "mean resident", "perplexity (95% CI)"]
     cols += ["vs full (95% CI)", "ms/step", "policy ms/step"]
@@ -478,6 +503,8 @@ def _report(rows: list[dict[str, Any]], model: str, tokens: int, task: str, as_j
 def train(max_tokens: int, epochs: int, compact_out: pathlib.Path | None, report: bool) -> None:
     """Record returns on the license texts and train the logits MLP (cached) and compact fit."""
     _require()
+    from rich.console import Console
+
     from kvpolicy.evict.predictors import save_compact
     from kvpolicy.evict.quality import (
         load_or_train_mlp,
@@ -532,6 +559,8 @@ def _train_report(console: Console, lm: Any, fitted: Any, compact_out: pathlib.P
     scores = predictor_report(
         {"compact (refit)": fitted, "compact (shipped)": default_compact()}, records
     )
+    from rich.table import Table
+
     table = Table(title="Rank correlation of predicted and realised returns (held-out texts)")
     table.add_column("predictor")
     for name in records:
@@ -562,12 +591,16 @@ def stats(tokens: int, text: pathlib.Path | None, as_json: bool) -> None:
     from kvpolicy.evict.quality import load_smollm2, model_attention_statistics
 
     content, source = _read_text(text)
+    from rich.console import Console
+
     with Console(stderr=True).status("loading SmolLM2-135M-Instruct"):
         lm = load_smollm2()
     values = model_attention_statistics(lm, _encode(lm, content, tokens, source))
     if as_json:
         click.echo(json.dumps(values, indent=2))
         return
+    from rich.table import Table
+
     table = Table(title=f"Attention of {lm.name} on {tokens} tokens of {source}")
     table.add_column("statistic")
     table.add_column("value", justify="right")
