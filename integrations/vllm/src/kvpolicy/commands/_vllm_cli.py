@@ -1,4 +1,8 @@
-"""``kvpolicy vllm``: the simulator against vLLM's real scheduler (needs kvpolicy-vllm)."""
+"""``kvpolicy vllm``: the simulator against vLLM's real scheduler (needs kvpolicy-vllm).
+
+Outside ``kvpolicy.vllm``, whose import loads the tiers and numpy, so that ``--help`` does
+not; the commands import what they run.
+"""
 
 from __future__ import annotations
 
