@@ -55,7 +55,12 @@ PARALLEL = {"evict", "sim"}
 its own tmp_path, model and policy), and long enough to gain (evict 133 s -> 84 s, sim
 72 s -> 52 s on 2 cores). kernels loses (each worker imports torch and Triton: 19 s ->
 42 s); tenancy's fault tests start servers and time their processes."""
-DEFAULT_MARKS = "not gpu and not quality and not slow"
+HEAVY_PARALLEL = {"evict", "sim"}
+DEFAULT_MARKS = "not gpu and not quality and not slow and not heavy"
+HEAVY_MARKS = "heavy and not gpu and not quality and not slow"
+"""The ``heavy`` tests: seconds of CPU each (the quality harness on the tiny model, replica
+processes hammering Redis, Triton's ahead-of-time compilation, the simulator's long runs).
+They run in CI (``nox -s heavy``, after ``nox -s tests``), not in the README's test command."""
 CACHE = ROOT / ".nox"
 NO_COMPILE = ["--no-compile"]
 """pip flag of every install here: compiling every installed module to bytecode at install
@@ -290,6 +295,45 @@ def tests(session: nox.Session, package: str) -> None:
         "-n",
         str(workers if workers > 1 else 0),
         *session.posargs,
+        env=_one_thread_each(workers),
+    )
+
+
+def _one_thread_each(workers: int) -> dict[str, str]:
+    """One math thread per pytest-xdist worker: torch's and BLAS's threads on top of the
+    workers only contend for the cores (15% less CPU for evict's harness tests here)."""
+    return {"OMP_NUM_THREADS": "1"} if workers > 1 else {}
+
+
+def _heavy_packages() -> list[str]:
+    """The distributions whose tests carry the ``heavy`` mark somewhere."""
+    return [
+        n
+        for n in PACKAGES
+        if any("mark.heavy" in f.read_text() for f in (DIST_DIRS[n] / "tests").rglob("*.py"))
+    ]
+
+
+@nox.session
+@nox.parametrize("package", _heavy_packages())
+def heavy(session: nox.Session, package: str) -> None:
+    """One distribution's ``heavy`` tests, installed as its ``tests`` session is (CI runs
+    them after ``tests``; ``nox -s tests heavy`` runs everything that CI runs)."""
+    meta = tomllib.loads((DIST_DIRS[package] / "pyproject.toml").read_text())
+    extras = "[test]" if "test" in meta["project"].get("optional-dependencies", {}) else ""
+    _install(session, package, extras, *TEST_DEPS)
+    workers = min(4, os.cpu_count() or 1) if package in HEAVY_PARALLEL else 0
+    session.run(
+        "pytest",
+        str(DIST_DIRS[package] / "tests"),
+        "-m",
+        HEAVY_MARKS,
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        str(workers if workers > 1 else 0),
+        *session.posargs,
+        env=_one_thread_each(workers),
     )
 
 

@@ -149,6 +149,7 @@ class TestAttentionModel:
 
 
 class TestFit:
+    @pytest.mark.heavy
     @pytest.mark.parametrize(
         "truth",
         [
@@ -189,6 +190,7 @@ class TestFit:
         assert fit.heavy_sigma == pytest.approx(truth.heavy_sigma, abs=0.15)
         assert fit.query_sigma == pytest.approx(truth.query_sigma, abs=0.3)
 
+    @pytest.mark.heavy
     def test_progress_reports_every_stage(self) -> None:
         """progress(done, total) counts the 27 grid starts, the final fit and the draws, in
         order, and the fit is the same as without it."""
@@ -200,6 +202,7 @@ class TestFit:
         assert seen == [(i, 29) for i in range(1, 30)]
         assert fit == fit_attention(a, max_distance=64)
 
+    @pytest.mark.heavy
     def test_stack_is_fitted_jointly(self) -> None:
         """Two draws stacked give back their sink and recency weights relative to the heavy
         hitters' (at 200 keys) within 8%."""

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import pathlib
 
+import pytest
 from click.testing import CliRunner
 
 from kvpolicy.sim.cli import main
 
 
 class TestDemo:
+    @pytest.mark.heavy
     def test_small_demo(self, tmp_path: pathlib.Path) -> None:
         """A small demo prints both stacks and writes the HTML report."""
         result = CliRunner().invoke(

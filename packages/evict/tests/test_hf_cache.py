@@ -51,6 +51,7 @@ def _padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class TestGenerate:
+    @pytest.mark.heavy
     def test_budget_above_everything_is_the_dynamic_cache(self, lm: CausalLM) -> None:
         ids = _prompt(1, 12)
         ref = _generate(lm, DynamicCache(config=lm.model.config), ids, max_new_tokens=10)
@@ -63,6 +64,7 @@ class TestGenerate:
         assert cache.evicted == 0
         assert cache.get_seq_length() == 21
 
+    @pytest.mark.heavy
     def test_left_padded_batch_matches_each_row_alone(self, lm: CausalLM) -> None:
         """Padding never enters the policy nor the attention: each row of a padded batch
         generates what it generates alone."""
@@ -121,6 +123,7 @@ FACTORIES: dict[str, Callable[[], EvictionPolicy]] = {
 }
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", sorted(FACTORIES))
 def test_token_by_token_is_the_harness(lm: CausalLM, name: str) -> None:
     """Fed one token per forward, the cache makes the quality harness's decisions: the same

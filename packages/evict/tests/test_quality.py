@@ -105,6 +105,7 @@ class TestDecode:
         assert r.perplexity == pytest.approx(one_pass_perplexity(tiny_lm, ids), rel=1e-5)
         assert (r.tokens, r.max_resident) == (N, N - 1)
 
+    @pytest.mark.heavy
     def test_a_budget_that_never_binds_changes_nothing(
         self, tiny_lm: CausalLM, ids: torch.Tensor
     ) -> None:
@@ -119,6 +120,7 @@ class TestDecode:
         assert r.max_resident == 8
         assert r.mean_resident <= 8
 
+    @pytest.mark.heavy
     def test_budget_of_one_is_a_bigram_window(self, ids: torch.Tensor) -> None:
         """Budget 1 with FIFO keeps only the newest token, so step t attends to tokens t-1 and
         t at their true positions: in a 1-layer model (keys depend on the token alone), a
@@ -169,6 +171,7 @@ class TestDecode:
 
 
 class TestEvaluate:
+    @pytest.mark.heavy
     def test_results_in_order(self, tiny_lm: CausalLM, ids: torch.Tensor) -> None:
         """Full cache once at budget 1.0, then each policy at each budget, in order."""
         got = evaluate(
@@ -193,6 +196,7 @@ class TestEvaluate:
             "mean_resident",
         }
 
+    @pytest.mark.heavy
     def test_every_named_policy_runs(self, tiny_lm: CausalLM, ids: torch.Tensor) -> None:
         """Each of POLICY_CHOICES builds and decodes with the constant predictor."""
         factories = {name: policy_factory(name) for name in POLICY_CHOICES}

@@ -41,6 +41,7 @@ def costs(lm: CausalLM) -> PrecisionCosts:
 class TestDecodeBytes:
     """The decoding loop under a byte budget."""
 
+    @pytest.mark.heavy
     def test_sixteen_bits_equals_the_token_budget(
         self, lm: CausalLM, ids: torch.Tensor, costs: PrecisionCosts
     ) -> None:
@@ -53,6 +54,7 @@ class TestDecodeBytes:
             assert b.result.nll.tolist() == a.nll.tolist()
             assert b.result.mean_resident == a.mean_resident
 
+    @pytest.mark.heavy
     def test_full_cache_matches(
         self, lm: CausalLM, ids: torch.Tensor, costs: PrecisionCosts
     ) -> None:
@@ -65,6 +67,7 @@ class TestDecodeBytes:
         assert mine[0].bytes_mean == pytest.approx(2 * c16 * (N / 2))
         assert mine[0].bytes_max == 2 * c16 * (N - 1)
 
+    @pytest.mark.heavy
     def test_quantized_tokens_change_what_the_model_reads(
         self, lm: CausalLM, ids: torch.Tensor, costs: PrecisionCosts
     ) -> None:
@@ -81,6 +84,7 @@ class TestDecodeBytes:
         d2 = np.abs(out[2].result.nll - full).max()
         assert 0 < d8 < d2
 
+    @pytest.mark.heavy
     def test_rows_of_a_batch_equal_rows_alone(
         self, lm: CausalLM, ids: torch.Tensor, costs: PrecisionCosts
     ) -> None:
@@ -103,6 +107,7 @@ class TestDecodeBytes:
         assert batch[0].bytes_mean == alone.bytes_mean
         assert batch[2].bytes_max <= 2 * budget / 2
 
+    @pytest.mark.heavy
     def test_budget_is_held_at_every_step(
         self, lm: CausalLM, ids: torch.Tensor, costs: PrecisionCosts
     ) -> None:
@@ -162,6 +167,7 @@ class TestLabelsAndRows:
         with pytest.raises(ValueError, match="needs a budget in bytes"):
             policy_factory("h2o:precision=4")
 
+    @pytest.mark.heavy
     def test_rows_carry_bytes(self, lm: CausalLM, ids: torch.Tensor) -> None:
         """Rows carry bytes_held and the budget unit; full runs at 1.0 and both ways of
         building a row agree."""

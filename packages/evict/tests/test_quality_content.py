@@ -45,6 +45,7 @@ def ids() -> torch.Tensor:
 
 
 class TestTokenIdsReachThePolicy:
+    @pytest.mark.heavy
     @pytest.mark.parametrize("streams", ["layer", "kv-head"])
     def test_every_stream_gets_every_token_id_in_order(
         self, lm: CausalLM, ids: torch.Tensor, streams: str
@@ -64,6 +65,7 @@ class TestTokenIdsReachThePolicy:
                 assert len(spy.seen) == 1
                 assert next(iter(spy.seen.values())) == expect
 
+    @pytest.mark.heavy
     def test_mixed_batch_gives_ids_to_the_content_aware_rows_only(
         self, lm: CausalLM, ids: torch.Tensor
     ) -> None:
@@ -90,6 +92,7 @@ class TestTokenIdsReachThePolicy:
         assert sorted(spy.seen) == ["layer0", "layer1"]
         assert all(seen == expect for seen in spy.seen.values())
 
+    @pytest.mark.heavy
     def test_the_bonus_changes_what_is_kept(self, lm: CausalLM, ids: torch.Tensor) -> None:
         """The same label with and without copy_bonus keeps different tokens (so a
         different perplexity), within the same budget."""

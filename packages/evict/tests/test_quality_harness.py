@@ -136,6 +136,7 @@ class TestLookup:
 
 
 class TestRows:
+    @pytest.mark.heavy
     def test_decode_rows_resume_and_compare(
         self, tiny_lm: CausalLM, tmp_path: pathlib.Path
     ) -> None:

@@ -105,6 +105,7 @@ def tiny_lm() -> CausalLM:
     return make_tiny_lm(2)
 
 
+@pytest.mark.heavy
 def test_rows_carry_accuracy_per_depth(tiny_lm: CausalLM) -> None:
     task = build_needle(CharTokenizer(), FILLER, 320, records_per_depth=1, digits=3)
     row = decode_row(

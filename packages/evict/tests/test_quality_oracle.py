@@ -60,6 +60,7 @@ def test_keeps_what_the_next_queries_use(peaked_lm: CausalLM, ids: torch.Tensor)
         FutureAttentionOracle(cum, window=0)
 
 
+@pytest.mark.heavy
 def test_decodes_in_the_harness(peaked_lm: CausalLM, ids: torch.Tensor) -> None:
     """The oracle holds the budget and does no worse than keeping the oldest tokens."""
     cum = future_attention(peaked_lm, ids)
@@ -71,6 +72,7 @@ def test_decodes_in_the_harness(peaked_lm: CausalLM, ids: torch.Tensor) -> None:
     assert oracle.perplexity >= full.perplexity * 0.8  # eviction is not free (loose check)
 
 
+@pytest.mark.heavy
 def test_realised_returns_drive_token_pd(peaked_lm: CausalLM, ids: torch.Tensor) -> None:
     cum = future_attention(peaked_lm, ids)
     returns = RealisedReturns([cum, cum], horizon=5)
@@ -88,6 +90,7 @@ def test_realised_returns_drive_token_pd(peaked_lm: CausalLM, ids: torch.Tensor)
         _oracle_factories("h2o", [cum], 8)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("policy", ["h2o", "token-pd:keep_rule=false", "sink-window"])
 def test_pooled_budget_spreads_over_layers(
     peaked_lm: CausalLM, ids: torch.Tensor, policy: str

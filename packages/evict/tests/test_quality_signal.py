@@ -97,6 +97,7 @@ class TestOutputShare:
 
 
 class TestDecodeWithOutputSignal:
+    @pytest.mark.heavy
     def test_changes_what_is_kept_not_the_full_cache(
         self, peaked_lm: CausalLM, ids: torch.Tensor
     ) -> None:
@@ -110,6 +111,7 @@ class TestDecodeWithOutputSignal:
         assert att.max_resident == out.max_resident == BUDGET
         assert not np.array_equal(att.nll, out.nll)
 
+    @pytest.mark.heavy
     def test_batch_equals_one_at_a_time(self, tiny_lm: CausalLM, ids: torch.Tensor) -> None:
         factory = policy_factory("token-pd:keep_rule=false:memory=8")
         assert factory is not None

@@ -58,6 +58,7 @@ def _make(label: str) -> object:
     return lambda: factory(BUDGET)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("label", ["h2o", "token-pd:keep_rule=false:memory=8", "lru"])
 def test_identical_heads_equal_one_stream_per_layer(
     twin_heads_lm: CausalLM, ids: torch.Tensor, label: str
@@ -75,6 +76,7 @@ def test_identical_heads_equal_one_stream_per_layer(
     assert by_head.mean_resident == by_layer.mean_resident
 
 
+@pytest.mark.heavy
 def test_attention_blind_policy_is_the_same_per_head(
     peaked_lm: CausalLM, ids: torch.Tensor
 ) -> None:
@@ -87,6 +89,7 @@ def test_attention_blind_policy_is_the_same_per_head(
     assert by_head.max_resident == BUDGET
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("label", ["h2o", "token-pd:keep_rule=false:memory=8"])
 def test_heads_choose_their_own_tokens(peaked_lm: CausalLM, ids: torch.Tensor, label: str) -> None:
     """With heads that attend differently, per-head streams keep other tokens than one
@@ -99,6 +102,7 @@ def test_heads_choose_their_own_tokens(peaked_lm: CausalLM, ids: torch.Tensor, l
     assert by_head.mean_resident == by_layer.mean_resident
 
 
+@pytest.mark.heavy
 def test_batch_of_texts_per_head_equals_one_by_one(peaked_lm: CausalLM, ids: torch.Tensor) -> None:
     other = torch.randint(0, 97, (N,), generator=torch.Generator().manual_seed(8))
     batch = decode_batch(

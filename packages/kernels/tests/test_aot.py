@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from kvpolicy.kernels._aot import AOT_LIMITS, AOT_TARGETS
 
 # The interpreter (set by conftest) replaces triton.jit functions; compile in a clean process.
@@ -17,6 +19,7 @@ print(json.dumps({name: compile_all(cc) for name, cc in AOT_TARGETS.items()}))
 """
 
 
+@pytest.mark.heavy  # Triton's compiler for two targets: ~15 s of CPU
 class TestAheadOfTime:
     def test_every_kernel_compiles_to_ptx_and_cubin(self) -> None:
         """Each kernel variant yields PTX and a cubin for sm_80 and sm_90."""

@@ -63,6 +63,7 @@ class TestScoreMLP:
         want = score_tokens(z.cpu(), mlp, PARAMS, backend="torch")
         _close(got.excess, want.excess, 2e-5, 1e-4)
 
+    @pytest.mark.heavy  # 37 x 49,152 through Triton's interpreter: ~5 s of CPU
     def test_large_vocabulary(
         self, device: torch.device, make_logits: LogitsFactory, make_mlp: MLPFactory
     ) -> None:

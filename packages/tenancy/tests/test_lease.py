@@ -387,6 +387,7 @@ class TestPriority:
     """The Redis path carries seed 004's priority, debt and burst: replicas sharing one Redis
     decide exactly as one in-process ``TokenPoolGate`` on the same sequence."""
 
+    @pytest.mark.heavy  # 3 x 3,000 decisions, each compared step by step
     @pytest.mark.parametrize(
         ("seed", "overcommit", "level"), [(1, True, 1.0), (2, False, 0.75), (3, False, 1.0)]
     )
@@ -561,6 +562,7 @@ def _budget_replica(url: str, index: int, decisions: int, out: Any) -> None:
     out.put(admitted)
 
 
+@pytest.mark.heavy  # 4 replica processes x 10,000 decisions against one Redis
 class TestReplicas:
     def test_four_replicas_never_exceed_the_token_budget(self, redis_proc: Any) -> None:
         """Bucket depth 200 tokens (1 s at 200 tokens/s): over the run the replicas together
