@@ -7,8 +7,8 @@ Protocols that the other kvpolicy packages implement or consume.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from kvpolicy.kvmodel.__about__ import __version__
 from kvpolicy.kvmodel._errors import BlockPoolError, KVModelError, UnknownPresetError
@@ -79,7 +79,7 @@ from kvpolicy.kvmodel._types import (
     TierFetch,
 )
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from kvpolicy.kvmodel._residency import AttentionSource, ResidencyError, ResidencyLedger
     from kvpolicy.kvmodel._utilisation import (
         UtilisationPoint,
@@ -110,9 +110,13 @@ def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'kvpolicy.kvmodel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"kvpolicy.kvmodel.{module}"), name)
+    value = getattr(_importlib.import_module(f"kvpolicy.kvmodel.{module}"), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 __all__ = [
