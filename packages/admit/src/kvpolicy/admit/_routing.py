@@ -13,6 +13,7 @@ and KV-cache scorers (weights 3, 2, 2).
 from __future__ import annotations
 
 import math
+import operator
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -52,6 +53,15 @@ DEFAULT_TIER_WEIGHTS: Mapping[str, float] = MappingProxyType(
 host-tier hit at 0.75 and a disk hit at 0.25 of a GPU hit)."""
 
 
+_ID = operator.attrgetter("replica_id")
+_DRAINING = operator.attrgetter("draining")
+_OUTSTANDING = operator.attrgetter("outstanding")
+_WAITING = operator.attrgetter("waiting")
+_KV_USAGE = operator.attrgetter("kv_usage")
+_KV_THEN_OUTSTANDING = operator.attrgetter("kv_usage", "outstanding")
+_VIEW_TYPES = frozenset({ReplicaView})
+
+
 def eligible_replicas(
     request: RoutingRequest, replicas: Sequence[ReplicaView]
 ) -> tuple[ReplicaView, ...]:
@@ -64,6 +74,17 @@ def eligible_replicas(
     """
     if not isinstance(request, RoutingRequest):
         raise TypeError(f"'request' must be a RoutingRequest: {request!r}")
+    # The common case checked with C-level passes (a routing decision at 64 replicas
+    # spends its budget of tens of microseconds here otherwise): a list or tuple of
+    # plain ReplicaView, ids unique. Anything else takes the item-by-item check.
+    if (
+        type(replicas) in (list, tuple)
+        and set(map(type, replicas)) <= _VIEW_TYPES
+        and len(set(map(_ID, replicas))) == len(replicas)
+    ):
+        if not any(map(_DRAINING, replicas)):
+            return tuple(replicas)
+        return tuple(view for view in replicas if not view.draining)
     if isinstance(cast(object, replicas), str | bytes) or not isinstance(replicas, Sequence):
         raise TypeError(f"'replicas' must be a sequence of ReplicaView: {replicas!r}")
     seen: set[str] = set()
@@ -104,21 +125,38 @@ def prefix_match(
     Returns:
         A fraction in [0, 1] (1: every block resident on the GPU tier at weight 1).
     """
-    total = len(request.block_hashes)
-    if total == 0:
+    return _match(request.block_hashes, replica, _tier_order(tier_weights))
+
+
+def _tier_order(tier_weights: Mapping[str, float]) -> tuple[tuple[float, str], ...]:
+    """``(weight, tier)`` pairs, heaviest first (equal weights in the mapping's order)."""
+    return tuple(sorted(((w, t) for t, w in tier_weights.items()), key=lambda p: -p[0]))
+
+
+def _match(
+    hashes: tuple[int, ...], replica: ReplicaView, order: tuple[tuple[float, str], ...]
+) -> float:
+    """:func:`prefix_match` with the tiers already ordered by :func:`_tier_order`."""
+    total = len(hashes)
+    if total == 0 or not replica.prefix_blocks:
         return 0.0
-    tiers = sorted(((w, replica.resident(t)) for t, w in tier_weights.items()), key=lambda p: -p[0])
+    tiers = [(w, replica.resident(t)) for w, t in order]
+    first = hashes[0]
+    if not any(first in held for _, held in tiers):
+        return 0.0
     credit = 0.0
-    for h in request.block_hashes:
-        weight = next((w for w, held in tiers if h in held), None)
-        if weight is None:
+    for h in hashes:
+        for w, held in tiers:
+            if h in held:
+                credit += w
+                break
+        else:
             break
-        credit += weight
     return credit / total
 
 
 def _least_requests(eligible: Sequence[ReplicaView]) -> ReplicaView:
-    return min(eligible, key=lambda r: r.outstanding)
+    return min(eligible, key=_OUTSTANDING)
 
 
 @define
@@ -185,7 +223,7 @@ class LeastKVRouter:
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        return min(eligible, key=lambda r: (r.kv_usage, r.outstanding)).replica_id
+        return min(eligible, key=_KV_THEN_OUTSTANDING).replica_id
 
 
 @define
@@ -214,17 +252,24 @@ class PrefixAwareRouter:
 
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
+    _order: tuple[tuple[float, str], ...] = field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_order", _tier_order(self.tier_weights))
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica of highest match, then fewest outstanding, then first."""
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        scores = [prefix_match(request, r, self.tier_weights) for r in eligible]
-        best = max(scores)
+        hashes, order = request.block_hashes, self._order
+        # Only the replicas reporting blocks can match (the others score 0).
+        held = [r for r in eligible if r.prefix_blocks] if hashes else []
+        scores = [_match(hashes, r, order) for r in held]
+        best = max(scores, default=0.0)
         if best == 0.0:
             return _least_requests(eligible).replica_id
-        hits = [r for r, s in zip(eligible, scores, strict=True) if s == best]
+        hits = [r for r, s in zip(held, scores, strict=True) if s == best]
         return _least_requests(hits).replica_id
 
 
@@ -241,8 +286,9 @@ def _min_max(values: Sequence[int]) -> tuple[float, ...]:
     """``(max - v) / (max - min)`` per value: 1 for the least, 0 for the most, 1 if all equal."""
     low, high = min(values), max(values)
     if high == low:
-        return tuple(1.0 for _ in values)
-    return tuple((high - v) / (high - low) for v in values)
+        return (1.0,) * len(values)
+    span = high - low
+    return tuple([(high - v) / span for v in values])
 
 
 @frozen
@@ -251,10 +297,17 @@ class PrefixScorer:
 
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
+    _order: tuple[tuple[float, str], ...] = field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_order", _tier_order(self.tier_weights))
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """:func:`prefix_match` of each replica."""
-        return tuple(prefix_match(request, r, self.tier_weights) for r in replicas)
+        hashes, order = request.block_hashes, self._order
+        if not hashes:
+            return (0.0,) * len(replicas)
+        return tuple([_match(hashes, r, order) if r.prefix_blocks else 0.0 for r in replicas])
 
 
 @frozen
@@ -263,7 +316,7 @@ class QueueScorer:
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``(max - waiting) / (max - min)`` over the replicas; 1 for all when equal."""
-        return _min_max([r.waiting for r in replicas])
+        return _min_max(list(map(_WAITING, replicas)))
 
 
 @frozen
@@ -272,7 +325,7 @@ class RequestsScorer:
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``(max - outstanding) / (max - min)`` over the replicas; 1 for all when equal."""
-        return _min_max([r.outstanding for r in replicas])
+        return _min_max(list(map(_OUTSTANDING, replicas)))
 
 
 @frozen
@@ -281,7 +334,7 @@ class KVScorer:
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``1 - kv_usage`` of each replica."""
-        return tuple(1.0 - r.kv_usage for r in replicas)
+        return tuple([1.0 - u for u in map(_KV_USAGE, replicas)])
 
 
 def _router(_inst: object, attribute: attrs.Attribute[Router], value: object) -> None:
@@ -370,9 +423,11 @@ class WeightedRouter:
                 raise ValueError(
                     f"scorer {scorer!r} gave {len(scores)} scores, not {len(eligible)}"
                 )
-            for i, s in enumerate(scores):
-                totals[i] += weight * s
-        best = max(range(len(eligible)), key=lambda i: (totals[i], -i))
+            totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+        if math.isnan(sum(totals)):  # a NaN score: the general rule orders it as before
+            best = max(range(len(eligible)), key=lambda i: (totals[i], -i))
+        else:  # the first of the highest totals
+            best = totals.index(max(totals))
         return eligible[best].replica_id
 
 

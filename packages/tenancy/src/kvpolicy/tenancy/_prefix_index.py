@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, KeysView, Mapping, Sequence, Set
 from typing import Any
 
 from kvpolicy.kvmodel import chain_block_hashes
@@ -122,6 +122,11 @@ class PrefixIndex:
             out.append(self._blocks.popitem(last=False)[0])
         return out
 
+    def resident(self) -> KeysView[int]:
+        """The blocks held, as a live read-only set (it follows the index: a router's view
+        holds it for the decision it is shown in, without a copy)."""
+        return self._blocks.keys()
+
     def matching(self, hashes: Sequence[int]) -> frozenset[int]:
         """Those of ``hashes`` held (what a router needs of the index for one request)."""
         blocks = self._blocks
@@ -130,6 +135,9 @@ class PrefixIndex:
     def clear(self) -> None:
         """Forget everything (the backend restarted: its cache is empty)."""
         self._blocks.clear()
+
+
+_NOBODY: frozenset[str] = frozenset()
 
 
 class FleetPrefixIndex:
@@ -181,6 +189,10 @@ class FleetPrefixIndex:
         index = self._indexes[backend]
         self._forget(backend, list(index.blocks()))
         index.clear()
+
+    def holders(self, block: int) -> Set[str]:
+        """The backends holding ``block`` (empty: none); read it, do not change it."""
+        return self._holders.get(block, _NOBODY)
 
     def _forget(self, backend: str, hashes: Iterable[int]) -> None:
         holders = self._holders
