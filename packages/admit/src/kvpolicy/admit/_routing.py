@@ -416,14 +416,18 @@ class WeightedRouter:
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        totals = [0.0] * len(eligible)
+        totals: list[float] | None = None
         for scorer, weight in self.scorers:
             scores = scorer.score(request, eligible)
             if len(scores) != len(eligible):
                 raise ValueError(
                     f"scorer {scorer!r} gave {len(scores)} scores, not {len(eligible)}"
                 )
-            totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+            if totals is None:  # 0.0 + x orders as x does (only a -0.0 would differ)
+                totals = [weight * s for s in scores]
+            else:
+                totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+        assert totals is not None  # the converter keeps at least one scorer
         if math.isnan(sum(totals)):  # a NaN score: the general rule orders it as before
             best = max(range(len(eligible)), key=lambda i: (totals[i], -i))
         else:  # the first of the highest totals
