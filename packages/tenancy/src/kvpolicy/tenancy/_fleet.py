@@ -19,14 +19,21 @@ prefix and a backend without the first block can reuse none of the prompt. Nothi
 decision is copied or hashed per backend, so it costs what the router costs plus a few
 microseconds.
 
-The background loops (:meth:`Fleet.run`) scrape every backend's ``/metrics``, check its
-health, follow the healthy share with the token pool and export the autoscaler's target.
+The background loops (:meth:`Fleet.start`) scrape every backend's ``/metrics``, check its
+health, follow the healthy share with the token pool, export the autoscaler's target and
+follow the KV cache events of the backends that publish them (``kv_events`` of their
+spec): a block a backend stores joins its prefix index, a block it evicts leaves it, a
+cleared cache empties it. The gateway still adds a prompt's blocks when it sends the
+prompt (the events come after the backend ran it; a conversation's next turn may come
+sooner), so the events make the index drop what the backend dropped, which its guess
+alone cannot see.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence, Set
@@ -39,6 +46,7 @@ from kvpolicy.kvmodel import Autoscaler, FleetView, ReplicaView, Router, Routing
 from kvpolicy.tenancy._backends import BackendSpec, RoutingConfig
 from kvpolicy.tenancy._fleet_pool import PoolFollower, healthy_share
 from kvpolicy.tenancy._health import BackendHealth
+from kvpolicy.tenancy._kv_events import CLEARED, REMOVED, STORED, KVEvent, KVEventFollower
 from kvpolicy.tenancy._prefix_index import (
     _NOBODY,
     FleetPrefixIndex,
@@ -140,6 +148,7 @@ class Backend:
         "_indexed",
         "_key",
         "_view",
+        "events",
         "health",
         "in_flight",
         "index",
@@ -180,6 +189,8 @@ class Backend:
         self._view: ReplicaView | None = None
         # (the view it was made of, the view showing the prefix index)
         self._indexed: tuple[ReplicaView, ReplicaView] | None = None
+        self.events: KVEventFollower | None = None
+        """The follower of its KV events (None: it publishes none, or not started)."""
         self._key: tuple[int, int] = (-1, -1)
 
     @property
@@ -237,7 +248,8 @@ class Backend:
         if view is None:
             # The first view of a backend is validated; later ones hold values of the same
             # making (counts >= 0, usage clamped to [0, 1]) and are built unchecked.
-            view = ReplicaView(**dict(zip(_VIEW_FIELDS, values, strict=True)))
+            fields: dict[str, Any] = dict(zip(_VIEW_FIELDS, values, strict=True))
+            view = ReplicaView(**fields)
         else:
             view = _view_of(values, ())
         self._view, self._key, self._indexed = view, key, None
@@ -328,6 +340,12 @@ class Fleet:
             "kvpolicy_backend_signal_age_seconds",
             "Age of the backend's last good scrape (-1: none)",
             ["backend"],
+            registry=reg,
+        )
+        self.m_kv_events = Counter(
+            "kvpolicy_backend_kv_events",
+            "KV cache events applied to the prefix index per backend",
+            ["backend", "kind"],
             registry=reg,
         )
         self.m_failovers = Counter(
@@ -565,6 +583,14 @@ class Fleet:
                     },
                     "scrape_error": b.scrape_error,
                     "prefix_blocks": len(b.index),
+                    "kv_events": None
+                    if b.events is None
+                    else {
+                        "endpoint": b.events.endpoint,
+                        "batches": b.events.batches,
+                        "skipped": b.events.errors,
+                        "missed": b.events.gaps,
+                    },
                 }
             )
         return out
@@ -586,6 +612,25 @@ class Fleet:
         if self.autoscaler is not None:
             interval = max(self.config.scrape_interval_s, 1.0)
             self._tasks.append(asyncio.create_task(self._autoscale(interval)))
+        for b in self.backends:
+            if b.spec.kv_events:
+                b.events = KVEventFollower(b.spec.kv_events, functools.partial(self.kv_events, b))
+                self._tasks.append(b.events.start())
+
+    def kv_events(self, backend: Backend, events: Sequence[KVEvent]) -> None:
+        """Apply ``backend``'s KV cache events to its prefix index, in order."""
+        prefix, counts = self.prefix, {STORED: 0, REMOVED: 0, CLEARED: 0}
+        for e in events:
+            if e.kind == STORED:
+                prefix.add(backend.id, e.hashes)
+            elif e.kind == REMOVED:
+                prefix.remove(backend.id, e.hashes)
+            elif e.kind == CLEARED:
+                prefix.clear(backend.id)
+            counts[e.kind] += 1
+        for kind, n in counts.items():
+            if n:
+                self.m_kv_events.labels(backend.id, kind).inc(n)
 
     async def stop(self) -> None:
         """Stop the loops and close the idle connections."""

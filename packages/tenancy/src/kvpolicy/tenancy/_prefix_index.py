@@ -2,10 +2,12 @@
 
 Without a tokenizer the gateway cannot name a prompt's KV blocks as the engine does, so
 it names the prompt's *text* in fixed chunks: the prompt (each chat message's role and
-text, in order) is cut into chunks of ``block_chars`` characters, each chunk's bytes are
-hashed (BLAKE2b, 8 bytes, the same in every process) and the digests are chained with
-kvmodel's :func:`~kvpolicy.kvmodel.chain_block_hashes`, so that equal hashes mean equal
-prefixes, as the engine's own block hashes do. A trailing partial chunk gets no hash.
+text, in order) is cut into chunks of ``block_chars`` characters and each chunk is hashed
+with the digest of the chunk before it (BLAKE2b, 8 bytes), so that equal hashes mean equal
+prefixes, as the engine's own block hashes do, and every process computes the same hashes:
+``kvpolicy sim backend`` names its cached blocks with this function, so the blocks its KV
+events report are the gateway's (:mod:`kvpolicy.tenancy._kv_events`). A trailing partial
+chunk gets no hash.
 
 :class:`PrefixIndex` remembers the chains sent to one backend, the least recently used
 dropped first beyond its capacity (the backend's KV blocks when it reports them): an
@@ -20,8 +22,6 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, KeysView, Mapping, Sequence, Set
 from typing import Any
-
-from kvpolicy.kvmodel import chain_block_hashes
 
 __all__ = ["FleetPrefixIndex", "PrefixIndex", "prompt_text", "text_block_hashes"]
 
@@ -46,15 +46,18 @@ def prompt_text(doc: Mapping[str, Any], chat: bool) -> str:
 
 
 def text_block_hashes(text: str, block_chars: int) -> tuple[int, ...]:
-    """Chained hashes of ``text``'s full chunks of ``block_chars`` characters."""
+    """Chained hashes of ``text``'s full chunks of ``block_chars`` bytes of UTF-8 (each a
+    BLAKE2b digest of 8 bytes keyed with the one before: the same in every process, as
+    unsigned 64-bit ints)."""
     if block_chars < 1:
         raise ValueError(f"'block_chars' must be >= 1: {block_chars!r}")
     data = text.encode("utf-8", "surrogatepass")
-    digests = [
-        int.from_bytes(hashlib.blake2b(data[i : i + block_chars], digest_size=8).digest())
-        for i in range(0, len(data) - block_chars + 1, block_chars)
-    ]
-    return chain_block_hashes(digests, 1)
+    out = []
+    prev = b""
+    for i in range(0, len(data) - block_chars + 1, block_chars):
+        prev = hashlib.blake2b(data[i : i + block_chars], digest_size=8, key=prev).digest()
+        out.append(int.from_bytes(prev))
+    return tuple(out)
 
 
 class PrefixIndex:
