@@ -194,7 +194,18 @@ class KVEventFollower:
         """Batches missed, from the sequence numbers (a slow subscriber loses messages)."""
 
     async def run(self) -> None:
-        """Read and apply batches until cancelled."""
+        """Read and apply batches until cancelled; a failure is logged and the
+        subscription made anew a second later."""
+        while True:
+            try:
+                await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                _log.exception("KV events of %s: subscription failed; again in 1 s", self.endpoint)
+                await asyncio.sleep(1.0)
+
+    async def _follow(self) -> None:
         zmq = importlib.import_module("zmq")
         zmq_asyncio = importlib.import_module("zmq.asyncio")
         ctx = zmq_asyncio.Context.instance()
