@@ -13,18 +13,17 @@ and KV-cache scorers (weights 3, 2, 2).
 from __future__ import annotations
 
 import math
-import operator
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Protocol, cast, runtime_checkable
+from typing import ClassVar, Protocol, cast, runtime_checkable
 
 import attrs
 from attrs import define, field, frozen
 
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
-from kvpolicy.kvmodel import ReplicaView, Router, RoutingRequest
+from kvpolicy.kvmodel import ReplicaView, Router, RoutingRequest, reads_prefix_blocks
 
 __all__ = [
     "DEFAULT_TIER_WEIGHTS",
@@ -53,12 +52,6 @@ DEFAULT_TIER_WEIGHTS: Mapping[str, float] = MappingProxyType(
 host-tier hit at 0.75 and a disk hit at 0.25 of a GPU hit)."""
 
 
-_ID = operator.attrgetter("replica_id")
-_DRAINING = operator.attrgetter("draining")
-_OUTSTANDING = operator.attrgetter("outstanding")
-_WAITING = operator.attrgetter("waiting")
-_KV_USAGE = operator.attrgetter("kv_usage")
-_KV_THEN_OUTSTANDING = operator.attrgetter("kv_usage", "outstanding")
 _VIEW_TYPES = frozenset({ReplicaView})
 
 
@@ -74,17 +67,16 @@ def eligible_replicas(
     """
     if not isinstance(request, RoutingRequest):
         raise TypeError(f"'request' must be a RoutingRequest: {request!r}")
-    # The common case checked with C-level passes (a routing decision at 64 replicas
+    # The common case checked with comprehensions (a routing decision at 64 replicas
     # spends its budget of tens of microseconds here otherwise): a list or tuple of
     # plain ReplicaView, ids unique. Anything else takes the item-by-item check.
     if (
         type(replicas) in (list, tuple)
-        and set(map(type, replicas)) <= _VIEW_TYPES
-        and len(set(map(_ID, replicas))) == len(replicas)
+        and {type(view) for view in replicas} <= _VIEW_TYPES
+        and len({view.replica_id for view in replicas}) == len(replicas)
     ):
-        if not any(map(_DRAINING, replicas)):
-            return tuple(replicas)
-        return tuple(view for view in replicas if not view.draining)
+        live = [view for view in replicas if not view.draining]
+        return tuple(replicas) if len(live) == len(replicas) else tuple(live)
     if isinstance(cast(object, replicas), str | bytes) or not isinstance(replicas, Sequence):
         raise TypeError(f"'replicas' must be a sequence of ReplicaView: {replicas!r}")
     seen: set[str] = set()
@@ -156,12 +148,18 @@ def _match(
 
 
 def _least_requests(eligible: Sequence[ReplicaView]) -> ReplicaView:
-    return min(eligible, key=_OUTSTANDING)
+    """The first of the fewest outstanding (``min`` by ``outstanding``, without a call of
+    the property per replica)."""
+    loads = [r.running + r.waiting for r in eligible]
+    return eligible[loads.index(min(loads))]
 
 
 @define
 class RoundRobinRouter:
     """Each eligible replica in turn, in the order of the list (a cursor that keeps counting)."""
+
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
 
     _next: int = field(init=False, default=0)
 
@@ -196,6 +194,9 @@ class _Seeded:
 class RandomRouter(_Seeded):
     """An eligible replica drawn uniformly at random, from a generator of its own seed."""
 
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """A uniformly drawn eligible replica."""
         eligible = eligible_replicas(request, replicas)
@@ -208,6 +209,9 @@ class RandomRouter(_Seeded):
 class LeastRequestsRouter:
     """The eligible replica with the fewest outstanding (running plus waiting) requests."""
 
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The least-loaded eligible replica, the first in the list on a tie."""
         eligible = eligible_replicas(request, replicas)
@@ -218,17 +222,24 @@ class LeastRequestsRouter:
 class LeastKVRouter:
     """The eligible replica with the lowest KV usage; fewer outstanding requests break ties."""
 
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica of least ``(kv_usage, outstanding)``, first on a tie."""
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        return min(eligible, key=_KV_THEN_OUTSTANDING).replica_id
+        keys = [(r.kv_usage, r.running + r.waiting) for r in eligible]
+        return eligible[keys.index(min(keys))].replica_id
 
 
 @define
 class PowerOfTwoRouter(_Seeded):
     """Power of two choices: two eligible replicas drawn at random, the less loaded wins."""
+
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """Of two distinct drawn replicas, the one with fewer outstanding requests (the first
@@ -314,27 +325,36 @@ class PrefixScorer:
 class QueueScorer:
     """Shorter waiting queue scores higher, min-max normalised (llm-d's queue scorer)."""
 
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``(max - waiting) / (max - min)`` over the replicas; 1 for all when equal."""
-        return _min_max(list(map(_WAITING, replicas)))
+        return _min_max([r.waiting for r in replicas])
 
 
 @frozen
 class RequestsScorer:
     """Fewer outstanding (running plus waiting) requests score higher, min-max normalised."""
 
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``(max - outstanding) / (max - min)`` over the replicas; 1 for all when equal."""
-        return _min_max(list(map(_OUTSTANDING, replicas)))
+        return _min_max([r.running + r.waiting for r in replicas])
 
 
 @frozen
 class KVScorer:
     """Free KV scores higher: ``1 - kv_usage`` (llm-d's KV-cache utilisation scorer)."""
 
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``1 - kv_usage`` of each replica."""
-        return tuple([1.0 - u for u in map(_KV_USAGE, replicas)])
+        return tuple([1.0 - r.kv_usage for r in replicas])
 
 
 def _router(_inst: object, attribute: attrs.Attribute[Router], value: object) -> None:
@@ -349,6 +369,11 @@ class ChoiceScorer:
 
     router: Router = field(validator=_router)
     """The router whose choice scores 1."""
+
+    @property
+    def reads_prefix_blocks(self) -> bool:
+        """Whether its router reads the views' prefix blocks."""
+        return reads_prefix_blocks(self.router)
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """1.0 for ``router``'s choice among ``replicas``, 0.0 for the rest."""
@@ -410,6 +435,11 @@ class WeightedRouter:
     )
     """``(scorer, weight)`` pairs, or a mapping of scorer names (``kv``, ``prefix``,
     ``queue``, ``requests``) or scorers to weights (>= 0, not all 0)."""
+
+    @property
+    def reads_prefix_blocks(self) -> bool:
+        """Whether one of its scorers reads the views' prefix blocks."""
+        return any(reads_prefix_blocks(scorer) for scorer, _ in self.scorers)
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica maximising ``sum(weight * score)``, the first on a tie."""
@@ -487,6 +517,9 @@ class MixingRouter:
     counted afresh whenever the set of eligible replicas changes), so after ``n`` requests
     of a class each replica has had its fraction of them to within one request.
     """
+
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
 
     classes: tuple[RequestClass, ...] = field(converter=_classes)
     """The request classes (lengths and shares summing to 1): :class:`RequestClass`

@@ -42,7 +42,14 @@ from typing import Any, TypeVar
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from kvpolicy.kvmodel import Autoscaler, FleetView, ReplicaView, Router, RoutingRequest
+from kvpolicy.kvmodel import (
+    Autoscaler,
+    FleetView,
+    ReplicaView,
+    Router,
+    RoutingRequest,
+    reads_prefix_blocks,
+)
 from kvpolicy.tenancy._backends import BackendSpec, RoutingConfig
 from kvpolicy.tenancy._fleet_pool import PoolFollower, healthy_share
 from kvpolicy.tenancy._health import BackendHealth
@@ -405,7 +412,14 @@ class Fleet:
             return None
         if len(cands) == 1 or self.router is None:
             return cands[0]
-        views = self._views(now, cands, self.prefix.holders(hashes[0]) if hashes else _NOBODY)
+        # A router that never reads prefix blocks (``reads_prefix_blocks = False``) is
+        # shown none: finding the holders would be work for nothing.
+        holders = (
+            self.prefix.holders(hashes[0])
+            if hashes and reads_prefix_blocks(self.router)
+            else _NOBODY
+        )
+        views = self._views(now, cands, holders)
         try:
             request = _request_of(
                 request_id or "request",
