@@ -35,6 +35,7 @@ class KVEventPublisher:
 
     Raises:
         ImportError: pyzmq or msgspec is missing (the message names the extra).
+        zmq.ZMQError: ``endpoint`` cannot be bound (taken, or not an address).
     """
 
     def __init__(self, endpoint: str, block_size: int, topic: str = "") -> None:
@@ -52,7 +53,11 @@ class KVEventPublisher:
         self._zmq = zmq
         self._sock: Any = zmq.Context.instance().socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(endpoint)
+        try:
+            self._sock.bind(endpoint)
+        except Exception:
+            self._sock.close(linger=0)
+            raise
         self._held: frozenset[int] = frozenset()
         self._parent: OrderedDict[int, int | None] = OrderedDict()
         self.seq = 0
