@@ -315,7 +315,6 @@ class Fleet:
         self._view_cache = {b: b._base(now, config) for b in self.backends}
         self._cand_views = [self._view_cache[b] for b in self._cands]
         """The candidates' views in their order, each replaced as it changes."""
-        self._ages_at = 0.0
         self._recheck_at = float("inf")  # when an ejection's backoff ends (passive only)
         self._t0 = time.monotonic()
         self._tasks: list[asyncio.Task[None]] = []
@@ -443,14 +442,9 @@ class Fleet:
         return chosen
 
     def _views(self, now: float, cands: list[Backend], holders: Set[str]) -> list[ReplicaView]:
-        """The candidates' views for one request: as kept current by :meth:`_touch`, those
-        of scraped backends rebuilt once per scrape interval (the signals' ages); the
-        holders of the prompt's first block are shown with their prefix index."""
-        if now >= self._ages_at:
-            for b in self.backends:
-                if b.scraped is not None:
-                    self._set_view(b, b._base(now, self.config))
-            self._ages_at = now + max(self.config.scrape_interval_s, 0.1)
+        """The candidates' views for one request, as :meth:`_touch` and :meth:`refresh`
+        keep them; the holders of the prompt's first block are shown with their prefix
+        index."""
         if cands is self._cands:
             views = self._cand_views.copy()
             pos = self._cand_pos
@@ -461,6 +455,16 @@ class Fleet:
             return views
         cache = self._view_cache
         return [b.indexed(cache[b]) if b.id in holders else cache[b] for b in cands]
+
+    async def refresh(self) -> None:
+        """Rebuild the views of the scraped backends whose signal aged by a scrape interval
+        (the age they show; a scrape older than ``max_signal_age_s`` is dropped for the
+        gateway's own counts): run every scrape interval by :meth:`start`, off the path
+        of the routing decisions."""
+        now = time.monotonic()
+        for b in self.backends:
+            if b.scraped is not None:
+                self._set_view(b, b._base(now, self.config))
 
     def _set_view(self, backend: Backend, view: ReplicaView) -> None:
         self._view_cache[backend] = view
@@ -616,9 +620,9 @@ class Fleet:
         if self._tasks:
             return
         if self.config.scrape_interval_s > 0:
-            self._tasks.append(
-                asyncio.create_task(self._every(self.config.scrape_interval_s, self.scrape))
-            )
+            interval = self.config.scrape_interval_s
+            self._tasks.append(asyncio.create_task(self._every(interval, self.scrape)))
+            self._tasks.append(asyncio.create_task(self._every(interval, self.refresh)))
         if self._active:
             self._tasks.append(
                 asyncio.create_task(self._every(self.config.health.interval_s, self.check))
