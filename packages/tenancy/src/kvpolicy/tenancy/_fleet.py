@@ -476,10 +476,7 @@ class Fleet:
         """What ``backend``'s view shows changed (its counts, scrape or draining): its view
         is rebuilt now, when the change happens, and not by the next routing decision."""
         backend.version += 1
-        view = backend._base(time.monotonic(), self.config)
-        self._set_view(backend, view)
-        if len(backend.index):
-            backend.indexed(view)  # built here too, when a holder's view changes
+        self._set_view(backend, backend._base(time.monotonic(), self.config))
 
     def hashes(self, doc: Mapping[str, Any] | None, chat: bool) -> tuple[int, ...]:
         """The approximate prefix index's block hashes of a request body's prompt (none
