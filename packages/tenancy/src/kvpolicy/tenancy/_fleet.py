@@ -103,8 +103,11 @@ def _unchecked(cls: type[T], fields: Mapping[str, Any]) -> T:
     return new
 
 
-_VIEW_SLOTS = tuple(ReplicaView.__dict__[name] for name in _VIEW_FIELDS)
-_BLOCKS_SLOT = ReplicaView.__dict__["prefix_blocks"]
+# The slots' own setters and getters, bound once (a view is built field by field on the
+# request path: looking each method up per field would cost as much as the calls).
+_VIEW_SET = tuple(ReplicaView.__dict__[name].__set__ for name in _VIEW_FIELDS)
+_VIEW_GET = tuple(ReplicaView.__dict__[name].__get__ for name in _VIEW_FIELDS)
+_SET_BLOCKS = ReplicaView.__dict__["prefix_blocks"].__set__
 
 
 def _view_of(values: Sequence[Any], prefix_blocks: Any) -> ReplicaView:
@@ -112,9 +115,9 @@ def _view_of(values: Sequence[Any], prefix_blocks: Any) -> ReplicaView:
     their converted form) and ``prefix_blocks``, built unchecked as :func:`_unchecked`
     does, through the class's slots (no mapping built per view)."""
     new = object.__new__(ReplicaView)
-    for slot, value in zip(_VIEW_SLOTS, values, strict=True):
-        slot.__set__(new, value)
-    _BLOCKS_SLOT.__set__(new, prefix_blocks)
+    for set_field, value in zip(_VIEW_SET, values, strict=True):
+        set_field(new, value)
+    _SET_BLOCKS(new, prefix_blocks)
     return new
 
 
@@ -145,7 +148,7 @@ def _request_of(
 
 def with_blocks(view: ReplicaView, blocks: Set[int]) -> ReplicaView:
     """``view`` holding ``blocks`` (the prefix blocks it holds) in its GPU tier."""
-    return _view_of([slot.__get__(view) for slot in _VIEW_SLOTS], (("gpu", blocks),))
+    return _view_of([get(view) for get in _VIEW_GET], (("gpu", blocks),))
 
 
 class Backend:
@@ -476,7 +479,10 @@ class Fleet:
         """What ``backend``'s view shows changed (its counts, scrape or draining): its view
         is rebuilt now, when the change happens, and not by the next routing decision."""
         backend.version += 1
-        self._set_view(backend, backend._base(time.monotonic(), self.config))
+        view = backend._base(time.monotonic(), self.config)
+        self._set_view(backend, view)
+        if len(backend.index) and reads_prefix_blocks(self.router):
+            backend.indexed(view)  # when it holds a prompt's first block, it is shown so
 
     def hashes(self, doc: Mapping[str, Any] | None, chat: bool) -> tuple[int, ...]:
         """The approximate prefix index's block hashes of a request body's prompt (none
