@@ -27,13 +27,16 @@ pytest.importorskip("prometheus_client", reason="the gateway needs kvpolicy-tena
 httpx = pytest.importorskip("httpx", reason="the gateway needs httpx")
 
 from kvpolicy.tenancy import (  # noqa: E402
+    BackendSpec,
     HealthConfig,
     Resources,
     RoutingConfig,
     TokenEntitlement,
     TokenPool,
     TokenPoolGate,
+    load_routing,
 )
+from kvpolicy.tenancy._kv_events import kv_events_missing  # noqa: E402
 from kvpolicy.tenancy.gateway import (  # noqa: E402
     Admission,
     LocalGate,
@@ -63,22 +66,39 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes] | None, what: str) -> No
 
 
 class SimBackend:
-    """One ``kvpolicy sim backend`` process (Llama-3-8B on ``gpu``, real time)."""
+    """One ``kvpolicy sim backend`` process (Llama-3-8B on ``gpu``, real time), publishing
+    its KV cache events on a loopback port when ``kv_events``."""
 
-    def __init__(self, gpu: str = "H100-SXM", speed: float = 1.0) -> None:
+    def __init__(
+        self,
+        gpu: str = "H100-SXM",
+        speed: float = 1.0,
+        *,
+        stack: str | None = None,
+        kv_events: bool = False,
+    ) -> None:
         self.gpu = gpu
         self.speed = speed
+        self.stack = stack
         self.port = _free_port()
+        self.events = f"tcp://127.0.0.1:{_free_port()}" if kv_events else ""
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def spec(self) -> BackendSpec:
+        return BackendSpec(self.url, kv_events=self.events)
+
     def start(self) -> None:
         cmd = [sys.executable, "-c", "from kvpolicy.sim.cli import main; main()"]
         cmd += ["sim", "backend", "--model", MODEL, "--gpu", self.gpu, "--port", str(self.port)]
         cmd += ["--speed", str(self.speed)]
+        if self.stack is not None:
+            cmd += ["--stack", self.stack]
+        if self.events:
+            cmd += ["--kv-events", self.events]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def ready(self) -> None:
@@ -129,15 +149,22 @@ class Gateway:
     """The gateway app served by uvicorn in a thread of this process."""
 
     def __init__(
-        self, backends: list[SimBackend], router: str, autoscaler: Any = None, **routing: Any
+        self,
+        backends: list[SimBackend],
+        router: str,
+        autoscaler: Any = None,
+        *,
+        pool: TokenPool | None = None,
+        keys: dict[str, str] | None = None,
+        **routing: Any,
     ) -> None:
-        self.gate = LocalGate(TokenPoolGate(_pool(), 1))
-        self.admission = Admission(self.gate, KEYS, models=(MODEL,))
+        self.gate = LocalGate(TokenPoolGate(pool or _pool(), 1))
+        self.admission = Admission(self.gate, keys or KEYS, models=(MODEL,))
         health = routing.pop("health", HealthConfig(interval_s=0.2, backoff_s=0.5))
         config = RoutingConfig(router=router, health=health, **routing)
         self.app: Any = create_app(
             self.admission,
-            [b.url for b in backends],
+            [b.spec() for b in backends],
             routing=config,
             timeout_s=30,
             autoscaler=autoscaler,
@@ -161,8 +188,8 @@ class Gateway:
         self.server.should_exit = True
         self.thread.join(10)
 
-    def client(self, closing: contextlib.ExitStack) -> Any:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="key-a")
+    def client(self, closing: contextlib.ExitStack, key: str = "key-a") -> Any:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key)
         client = client.with_options(max_retries=0, timeout=30)
         closing.callback(client.close)
         return client
@@ -570,3 +597,133 @@ class TestPrefixReplay:
         assert pa[1] > rr[1]
         assert saved_live > 0
         assert abs(saved_live - saved_sim) <= 0.2 * saved_sim
+
+
+def _until(what: Callable[[], bool], why: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, why
+        time.sleep(0.05)
+
+
+class TestKVEvents:
+    def test_an_evicted_prefix_leaves_the_index(
+        self, tmp_path: Any, closing: contextlib.ExitStack
+    ) -> None:
+        """Two backends publish their KV cache events (a pool of 64 blocks each). A prompt
+        served by backend 1 straight, not through the gateway, reaches the gateway's index
+        by its BlockStored events alone, and prefix-aware sends the prompt there although
+        backend 0 comes first; once other prompts sent straight to backend 1 evict it,
+        its BlockRemoved events take it out of the index and the prompt goes to backend 0
+        (least requests, the first on a tie)."""
+        missing = kv_events_missing()
+        if missing is not None:
+            pytest.skip(missing)
+        stack = tmp_path / "small.yaml"
+        stack.write_text("engine:\n  kv_capacity_tokens: 1024\n")  # 64 blocks of 16
+        fleet = [SimBackend(speed=10.0, stack=str(stack), kv_events=True) for _ in range(2)]
+        closing.callback(lambda: [b.kill() for b in fleet])
+        for b in fleet:
+            b.start()
+        for b in fleet:
+            b.ready()
+        home = fleet[1]
+        direct = httpx.Client(base_url=f"{home.url}/v1", timeout=30)
+        closing.callback(direct.close)
+
+        def straight(text: str) -> None:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+            reply = direct.post("/chat/completions", json={**body, "max_tokens": 4})
+            assert reply.status_code == 200, reply.text
+
+        with Gateway(fleet, "prefix-aware", scrape_interval_s=0.2) as gw:
+            events = gw.fleet.backends[1].events
+            assert events is not None
+            warm = iter(range(1000))
+            # ZMQ drops what is published before the subscription is up: warm up first.
+            _until(  # a prompt of 2 blocks at least: one that the cache stores
+                lambda: straight(f"warm-up {next(warm)} " + "w" * 128) or events.batches > 0,
+                "no event",
+            )
+            prompt = "the same long shared context " * 44  # 20 blocks of 64 characters
+            doc = {"messages": [{"role": "user", "content": prompt}]}
+            hashes = gw.fleet.hashes(doc, True)
+            assert len(hashes) >= 16
+            holders = gw.fleet.prefix.holders
+            assert not holders(hashes[0])
+            straight(prompt)
+            _until(lambda: home.url in holders(hashes[0]), "BlockStored did not reach the index")
+            assert set(hashes[:16]) <= set(gw.fleet.backends[1].index.blocks())
+            client = gw.client(closing)
+            before = gw.routed()
+            _chat(client, prompt)
+            assert [a - b for a, b in zip(gw.routed(), before, strict=True)] == [0, 1]
+            for i in range(8):  # 8 x 18 blocks through a pool of 64: the prompt's go
+                straight(f"filler {i} " + "other words " * 95)
+            _until(lambda: home.url not in holders(hashes[0]), "BlockRemoved left it indexed")
+            gw.drained()
+            before = gw.routed()
+            _chat(client, prompt)
+            assert [a - b for a, b in zip(gw.routed(), before, strict=True)] == [1, 0]
+            assert events.errors == 0
+            assert gw.fleet.state()[1]["kv_events"]["batches"] == events.batches
+            gw.drained()
+
+
+MIX_MANIFEST: dict[str, Any] = {
+    "routing": {
+        "router": "mixing",
+        "params": {
+            "classes": [
+                {"input_len": 20, "decode_len": 200, "share": 0.25},
+                {"input_len": 400, "decode_len": 8, "share": 0.75},
+            ],
+            "labels": ["chat", "rag"],
+        },
+    }
+}
+
+
+class TestMixing:
+    def test_classes_land_in_the_plans_fractions(
+        self, backends: list[SimBackend], closing: contextlib.ExitStack
+    ) -> None:
+        """``--router mixing`` with its classes from the manifest: each tenant is a class
+        (the gateway routes by the request's entitlement), and over 24 requests of each,
+        interleaved, each backend gets its fraction of each class from seed 002's plan for
+        two replicas to within one request: the router sends a class's request to the
+        replica furthest behind its share (``fraction * n - sent``), which keeps every
+        replica within one request of its share while the set of backends stays the same
+        (no failover here: every request is answered, and the gateway counts each)."""
+        config = load_routing(MIX_MANIFEST, router="mixing")
+        assert config.params == MIX_MANIFEST["routing"]["params"]
+        pool = TokenPool(
+            "fleet",
+            Resources(30_000, 10**10, 64),
+            [
+                TokenEntitlement("chat", "guaranteed", Resources(10_000, 10**9, 16)),
+                TokenEntitlement("rag", "guaranteed", Resources(10_000, 10**9, 16)),
+            ],
+        )
+        keys = {"key-chat": "chat", "key-rag": "rag"}
+        two = backends[:2]
+        with Gateway(two, config.router, pool=pool, keys=keys, params=config.params) as gw:
+            plan = gw.fleet.router.plan(2)  # type: ignore[union-attr]
+            clients = {label: gw.client(closing, f"key-{label}") for label in ("chat", "rag")}
+            sent = {label: [0, 0] for label in clients}
+            n = 24
+            for i in range(n):
+                for label, client in clients.items():
+                    before = gw.routed()
+                    _chat(client, f"{label} request {i}", max_tokens=2)
+                    moved = [a - b for a, b in zip(gw.routed(), before, strict=True)]
+                    sent[label][moved.index(1)] += 1
+            gw.drained()
+        for k, label in enumerate(("chat", "rag")):
+            share = [plan.fractions[g][k] * n for g in range(2)]
+            assert all(abs(c - e) <= 1.0 for c, e in zip(sent[label], share, strict=True)), (
+                label,
+                sent[label],
+                share,
+            )
+        assert plan.fractions[0][0] not in (0.0, 1.0)  # a class really is split

@@ -11,6 +11,7 @@ import random
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 
+import attrs
 import pytest
 
 from kvpolicy.kvmodel import (
@@ -24,6 +25,7 @@ from kvpolicy.kvmodel import (
     RoutingRequest,
     build,
     describe,
+    reads_prefix_blocks,
 )
 
 
@@ -130,6 +132,19 @@ class TestRouterConformance:
                 assert choice in eligible, (step, choice)
             else:
                 assert choice is None
+
+    def test_prefix_blocks_unread_when_it_says_so(self, name: str) -> None:
+        """A router saying ``reads_prefix_blocks = False`` decides the same without its
+        views' prefix blocks (a gateway may leave them out)."""
+        if reads_prefix_blocks(_router(name)):
+            return
+        rng = random.Random(3)
+        with_blocks, without = _router(name), _router(name)
+        for step in range(200):
+            fleet = _random_fleet(rng, rng.randrange(1, 6))
+            bare = [attrs.evolve(r, prefix_blocks={}) for r in fleet]
+            (request,) = _requests(rng, 1)
+            assert with_blocks.route(request, fleet) == without.route(request, bare), step
 
     def test_empty_fleet(self, name: str) -> None:
         """No replica at all: None."""

@@ -83,7 +83,7 @@ class TestFleet:
 
     def test_prefix_holders_get_their_blocks(self) -> None:
         """A prompt's blocks go with it; the next prompt sharing them sees them on that
-        backend's view, and only there."""
+        backend's view (its whole index, live), and only there."""
         router = Fewest()
         fleet, _ = _fleet(router)
         h = text_block_hashes("shared system prompt " * 20, 64)
@@ -96,9 +96,14 @@ class TestFleet:
         again = fleet.pick("r2", 100, h[:3])
         assert again is first
         views = router.seen[-1][1]
-        assert [len(v.resident("gpu")) for v in views] == [
-            3 if b is first else 0 for b in fleet.backends
+        assert [set(h[:3]) <= v.resident("gpu") for v in views] == [
+            b is first for b in fleet.backends
         ]
+        assert [len(v.resident("gpu")) for v in views] == [
+            len(h) if b is first else 0 for b in fleet.backends
+        ]
+        fleet.prefix.remove(first.id, h[1:])  # the index is shown live, not copied
+        assert set(views[fleet.backends.index(first)].resident("gpu")) == {h[0]}
 
     def test_ejected_and_draining_backends_get_nothing(self) -> None:
         """An ejected or draining backend is no candidate; the pool's rates follow the

@@ -118,8 +118,9 @@ def _segregate(classes: Sequence[RequestClass], gpus: int) -> list[list[float]]:
 
 MAX_ROUTING_GPUS = 128
 """The most GPUs one :func:`plan_routing` call plans (its search grows faster than the
-square of the GPUs: about 1 s at 64 on the development machine); plan a larger fleet per
-group of GPUs."""
+square of the GPUs; each distinct GPU mix is judged once: 0.15 s at 64 GPUs for two classes
+on the development machine, 33 s when every trial was judged afresh); plan a larger fleet
+per group of GPUs."""
 
 
 def plan_routing(
@@ -164,9 +165,17 @@ def plan_routing(
     if not 0.0 <= margin < 1.0:
         raise ValueError(f"'margin' must be in [0, 1): {margin!r}")
 
+    verdicts: dict[tuple[float, ...], MixVerdict] = {}
+
     def verdict(row: list[float]) -> MixVerdict:
-        traffic = [row[i] * classes[i].share for i in range(len(classes))]
-        return mix_verdict(classes, traffic, margin=margin)
+        # A verdict depends on the row alone, and the search tries the same rows on many
+        # GPUs (each verdict finds the roots of a polynomial of the memory's degree).
+        key = tuple(row)
+        found = verdicts.get(key)
+        if found is None:
+            traffic = [row[i] * classes[i].share for i in range(len(classes))]
+            found = verdicts[key] = mix_verdict(classes, traffic, margin=margin)
+        return found
 
     if home is None:
         start = _segregate(classes, gpus)

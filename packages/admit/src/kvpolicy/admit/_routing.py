@@ -16,14 +16,14 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Protocol, cast, runtime_checkable
+from typing import ClassVar, Protocol, cast, runtime_checkable
 
 import attrs
 from attrs import define, field, frozen
 
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
-from kvpolicy.kvmodel import ReplicaView, Router, RoutingRequest
+from kvpolicy.kvmodel import ReplicaView, Router, RoutingRequest, reads_prefix_blocks
 
 __all__ = [
     "DEFAULT_TIER_WEIGHTS",
@@ -64,6 +64,15 @@ def eligible_replicas(
     """
     if not isinstance(request, RoutingRequest):
         raise TypeError(f"'request' must be a RoutingRequest: {request!r}")
+    # The common case checked in one comprehension (a routing decision at 64 replicas
+    # spends its budget of tens of microseconds here otherwise): a list or tuple of plain
+    # ReplicaView with unique ids is one whose set of plain views' ids is as large as it.
+    # Anything else takes the item-by-item check, which names what is wrong.
+    if type(replicas) in (list, tuple) and len(
+        {view.replica_id for view in replicas if type(view) is ReplicaView}
+    ) == len(replicas):
+        live = [view for view in replicas if not view.draining]
+        return tuple(replicas) if len(live) == len(replicas) else tuple(live)
     if isinstance(cast(object, replicas), str | bytes) or not isinstance(replicas, Sequence):
         raise TypeError(f"'replicas' must be a sequence of ReplicaView: {replicas!r}")
     seen: set[str] = set()
@@ -104,26 +113,49 @@ def prefix_match(
     Returns:
         A fraction in [0, 1] (1: every block resident on the GPU tier at weight 1).
     """
-    total = len(request.block_hashes)
-    if total == 0:
+    return _match(request.block_hashes, replica, _tier_order(tier_weights))
+
+
+def _tier_order(tier_weights: Mapping[str, float]) -> tuple[tuple[float, str], ...]:
+    """``(weight, tier)`` pairs, heaviest first (equal weights in the mapping's order)."""
+    return tuple(sorted(((w, t) for t, w in tier_weights.items()), key=lambda p: -p[0]))
+
+
+def _match(
+    hashes: tuple[int, ...], replica: ReplicaView, order: tuple[tuple[float, str], ...]
+) -> float:
+    """:func:`prefix_match` with the tiers already ordered by :func:`_tier_order`."""
+    total = len(hashes)
+    if total == 0 or not replica.prefix_blocks:
         return 0.0
-    tiers = sorted(((w, replica.resident(t)) for t, w in tier_weights.items()), key=lambda p: -p[0])
+    tiers = [(w, replica.resident(t)) for w, t in order]
+    first = hashes[0]
+    if not any(first in held for _, held in tiers):
+        return 0.0
     credit = 0.0
-    for h in request.block_hashes:
-        weight = next((w for w, held in tiers if h in held), None)
-        if weight is None:
+    for h in hashes:
+        for w, held in tiers:
+            if h in held:
+                credit += w
+                break
+        else:
             break
-        credit += weight
     return credit / total
 
 
 def _least_requests(eligible: Sequence[ReplicaView]) -> ReplicaView:
-    return min(eligible, key=lambda r: r.outstanding)
+    """The first of the fewest outstanding (``min`` by ``outstanding``, without a call of
+    the property per replica)."""
+    loads = [r.running + r.waiting for r in eligible]
+    return eligible[loads.index(min(loads))]
 
 
 @define
 class RoundRobinRouter:
     """Each eligible replica in turn, in the order of the list (a cursor that keeps counting)."""
+
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
 
     _next: int = field(init=False, default=0)
 
@@ -158,6 +190,9 @@ class _Seeded:
 class RandomRouter(_Seeded):
     """An eligible replica drawn uniformly at random, from a generator of its own seed."""
 
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """A uniformly drawn eligible replica."""
         eligible = eligible_replicas(request, replicas)
@@ -170,6 +205,9 @@ class RandomRouter(_Seeded):
 class LeastRequestsRouter:
     """The eligible replica with the fewest outstanding (running plus waiting) requests."""
 
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The least-loaded eligible replica, the first in the list on a tie."""
         eligible = eligible_replicas(request, replicas)
@@ -180,17 +218,24 @@ class LeastRequestsRouter:
 class LeastKVRouter:
     """The eligible replica with the lowest KV usage; fewer outstanding requests break ties."""
 
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica of least ``(kv_usage, outstanding)``, first on a tie."""
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        return min(eligible, key=lambda r: (r.kv_usage, r.outstanding)).replica_id
+        keys = [(r.kv_usage, r.running + r.waiting) for r in eligible]
+        return eligible[keys.index(min(keys))].replica_id
 
 
 @define
 class PowerOfTwoRouter(_Seeded):
     """Power of two choices: two eligible replicas drawn at random, the less loaded wins."""
+
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """Of two distinct drawn replicas, the one with fewer outstanding requests (the first
@@ -214,17 +259,24 @@ class PrefixAwareRouter:
 
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
+    _order: tuple[tuple[float, str], ...] = field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_order", _tier_order(self.tier_weights))
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica of highest match, then fewest outstanding, then first."""
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        scores = [prefix_match(request, r, self.tier_weights) for r in eligible]
-        best = max(scores)
+        hashes, order = request.block_hashes, self._order
+        # Only the replicas reporting blocks can match (the others score 0).
+        held = [r for r in eligible if r.prefix_blocks] if hashes else []
+        scores = [_match(hashes, r, order) for r in held]
+        best = max(scores, default=0.0)
         if best == 0.0:
             return _least_requests(eligible).replica_id
-        hits = [r for r, s in zip(eligible, scores, strict=True) if s == best]
+        hits = [r for r, s in zip(held, scores, strict=True) if s == best]
         return _least_requests(hits).replica_id
 
 
@@ -241,8 +293,9 @@ def _min_max(values: Sequence[int]) -> tuple[float, ...]:
     """``(max - v) / (max - min)`` per value: 1 for the least, 0 for the most, 1 if all equal."""
     low, high = min(values), max(values)
     if high == low:
-        return tuple(1.0 for _ in values)
-    return tuple((high - v) / (high - low) for v in values)
+        return (1.0,) * len(values)
+    span = high - low
+    return tuple([(high - v) / span for v in values])
 
 
 @frozen
@@ -251,15 +304,25 @@ class PrefixScorer:
 
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
+    _order: tuple[tuple[float, str], ...] = field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_order", _tier_order(self.tier_weights))
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """:func:`prefix_match` of each replica."""
-        return tuple(prefix_match(request, r, self.tier_weights) for r in replicas)
+        hashes, order = request.block_hashes, self._order
+        if not hashes:
+            return (0.0,) * len(replicas)
+        return tuple([_match(hashes, r, order) if r.prefix_blocks else 0.0 for r in replicas])
 
 
 @frozen
 class QueueScorer:
     """Shorter waiting queue scores higher, min-max normalised (llm-d's queue scorer)."""
+
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``(max - waiting) / (max - min)`` over the replicas; 1 for all when equal."""
@@ -270,18 +333,24 @@ class QueueScorer:
 class RequestsScorer:
     """Fewer outstanding (running plus waiting) requests score higher, min-max normalised."""
 
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``(max - outstanding) / (max - min)`` over the replicas; 1 for all when equal."""
-        return _min_max([r.outstanding for r in replicas])
+        return _min_max([r.running + r.waiting for r in replicas])
 
 
 @frozen
 class KVScorer:
     """Free KV scores higher: ``1 - kv_usage`` (llm-d's KV-cache utilisation scorer)."""
 
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``1 - kv_usage`` of each replica."""
-        return tuple(1.0 - r.kv_usage for r in replicas)
+        return tuple([1.0 - r.kv_usage for r in replicas])
 
 
 def _router(_inst: object, attribute: attrs.Attribute[Router], value: object) -> None:
@@ -296,6 +365,11 @@ class ChoiceScorer:
 
     router: Router = field(validator=_router)
     """The router whose choice scores 1."""
+
+    @property
+    def reads_prefix_blocks(self) -> bool:
+        """Whether its router reads the views' prefix blocks."""
+        return reads_prefix_blocks(self.router)
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """1.0 for ``router``'s choice among ``replicas``, 0.0 for the rest."""
@@ -358,21 +432,32 @@ class WeightedRouter:
     """``(scorer, weight)`` pairs, or a mapping of scorer names (``kv``, ``prefix``,
     ``queue``, ``requests``) or scorers to weights (>= 0, not all 0)."""
 
+    @property
+    def reads_prefix_blocks(self) -> bool:
+        """Whether one of its scorers reads the views' prefix blocks."""
+        return any(reads_prefix_blocks(scorer) for scorer, _ in self.scorers)
+
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica maximising ``sum(weight * score)``, the first on a tie."""
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        totals = [0.0] * len(eligible)
+        totals: list[float] | None = None
         for scorer, weight in self.scorers:
             scores = scorer.score(request, eligible)
             if len(scores) != len(eligible):
                 raise ValueError(
                     f"scorer {scorer!r} gave {len(scores)} scores, not {len(eligible)}"
                 )
-            for i, s in enumerate(scores):
-                totals[i] += weight * s
-        best = max(range(len(eligible)), key=lambda i: (totals[i], -i))
+            if totals is None:  # 0.0 + x orders as x does (only a -0.0 would differ)
+                totals = [weight * s for s in scores]
+            else:
+                totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+        assert totals is not None  # the converter keeps at least one scorer
+        if math.isnan(sum(totals)):  # a NaN score: the general rule orders it as before
+            best = max(range(len(eligible)), key=lambda i: (totals[i], -i))
+        else:  # the first of the highest totals
+            best = totals.index(max(totals))
         return eligible[best].replica_id
 
 
@@ -428,6 +513,9 @@ class MixingRouter:
     counted afresh whenever the set of eligible replicas changes), so after ``n`` requests
     of a class each replica has had its fraction of them to within one request.
     """
+
+    reads_prefix_blocks: ClassVar[bool] = False
+    """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
 
     classes: tuple[RequestClass, ...] = field(converter=_classes)
     """The request classes (lengths and shares summing to 1): :class:`RequestClass`

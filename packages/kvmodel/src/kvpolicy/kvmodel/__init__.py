@@ -42,6 +42,7 @@ from kvpolicy.kvmodel._protocols import (
     Router,
     Scheduled,
     ThroughputScalable,
+    reads_prefix_blocks,
 )
 from kvpolicy.kvmodel._registry import (
     ADMISSION,
@@ -188,6 +189,7 @@ __all__ = [
     "paged_utilisation",
     "plan_capacity",
     "quantized_token_bytes",
+    "reads_prefix_blocks",
     "rechunk_hashes",
     "seed001_lengths",
     "utilisation_sweep",

@@ -33,6 +33,7 @@ __all__ = [
     "Router",
     "Scheduled",
     "ThroughputScalable",
+    "reads_prefix_blocks",
 ]
 
 
@@ -258,7 +259,14 @@ class PromptObserver(Protocol):
 
 @runtime_checkable
 class Router(Protocol):
-    """Picks the replica of a fleet that serves one request (after the gateway admitted it)."""
+    """Picks the replica of a fleet that serves one request (after the gateway admitted it).
+
+    A router that never reads :attr:`ReplicaView.prefix_blocks` may say so with a class
+    attribute ``reads_prefix_blocks = False`` (optional, not part of the Protocol's check;
+    read it with :func:`reads_prefix_blocks`): a caller may then show it views without
+    their prefix blocks and spare the work of finding them. Its choices must not depend
+    on them.
+    """
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The ``replica_id`` of one of ``replicas`` for ``request``, or None.
@@ -273,6 +281,12 @@ class Router(Protocol):
             replica is draining (or there is none): no replica can take the request.
         """
         ...
+
+
+def reads_prefix_blocks(router: object) -> bool:
+    """Whether ``router`` may read its views' prefix blocks: False only for a router that
+    says so (``reads_prefix_blocks = False``, see :class:`Router`)."""
+    return getattr(router, "reads_prefix_blocks", True) is not False
 
 
 @runtime_checkable

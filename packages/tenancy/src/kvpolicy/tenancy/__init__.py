@@ -33,6 +33,13 @@ from kvpolicy.tenancy._errors import ManifestError, TenancyError, UnknownRequest
 from kvpolicy.tenancy._experiments import replay_experiment
 from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate, admission_decision
 from kvpolicy.tenancy._health import HealthConfig
+from kvpolicy.tenancy._kv_events import (
+    KVEvent,
+    KVEventError,
+    KVEventFollower,
+    decode_event_batch,
+    encode_event_batch,
+)
 from kvpolicy.tenancy._lease import LeaseRelease, OutagePolicy, RedisLeaseGate
 from kvpolicy.tenancy._manifest import (
     dump_manifest,
@@ -81,6 +88,9 @@ __all__ = [
     "HealthConfig",
     "Holding",
     "InMemoryStateStore",
+    "KVEvent",
+    "KVEventError",
+    "KVEventFollower",
     "LeaseRelease",
     "ManifestError",
     "MetricsError",
@@ -107,7 +117,9 @@ __all__ = [
     "burst_intensity",
     "crd_documents",
     "custom_resources",
+    "decode_event_batch",
     "dump_manifest",
+    "encode_event_batch",
     "ewma",
     "fleet_settings",
     "load_backends",

@@ -12,6 +12,7 @@ the intervals of the scrapes and health checks::
         model: Llama-3-8B    # labels the router sees
         gpu: H100-SXM
       - url: http://vllm-1:8000
+        kv_events: tcp://vllm-1:5557   # its KV cache events: the prefix index follows them
     routing:
       router: prefix-aware   # any name of `kvpolicy.routing`
       params: {}
@@ -50,6 +51,7 @@ __all__ = [
     "build_router",
     "fleet_schemas",
     "fleet_settings",
+    "kv_events_endpoint",
     "load_backends",
     "load_routing",
 ]
@@ -94,9 +96,30 @@ class BackendSpec:
     """Label of the model it serves (empty: unlabelled)."""
     gpu: str = field(default="", validator=instance_of(str))
     """Label of its GPU (empty: unlabelled)."""
+    kv_events: str = field(default="", validator=instance_of(str))
+    """ZMQ address of its KV cache event publisher (vLLM's ``--kv-events-config``
+    endpoint, ``kvpolicy sim backend --kv-events``): its prefix index then drops the
+    blocks it evicts (empty: the index is the gateway's guess alone)."""
 
 
-_BACKEND_KEYS = frozenset({"url", "weight", "model", "gpu"})
+_BACKEND_KEYS = frozenset({"url", "weight", "model", "gpu", "kv_events"})
+_ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+def kv_events_endpoint(value: object, where: str) -> str:
+    """``value`` checked as a ZMQ address (``tcp://host:port``, ``ipc://path``); ``where``
+    names the field in the error.
+
+    Raises:
+        ManifestError: anything else, named with ``where`` and the value.
+    """
+    if not isinstance(value, str) or not value.startswith(_ZMQ_SCHEMES):
+        raise ManifestError(f"{where} must be a ZMQ address like tcp://host:5557: {value!r}")
+    if value.startswith("tcp://"):
+        host, _, port = value[len("tcp://") :].rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ManifestError(f"{where} must be tcp://host:port: {value!r}")
+    return value
 
 
 def _spec(raw: object, where: str) -> BackendSpec:
@@ -117,8 +140,11 @@ def _spec(raw: object, where: str) -> BackendSpec:
     for key in ("model", "gpu"):
         if not isinstance(raw.get(key, ""), str):
             raise ManifestError(f"{where}.{key} must be a string: {raw[key]!r}")
+    events = raw.get("kv_events") or ""
+    if events:
+        events = kv_events_endpoint(events, f"{where}.kv_events")
     try:
-        return BackendSpec(url, weight, raw.get("model", ""), raw.get("gpu", ""))
+        return BackendSpec(url, weight, raw.get("model", ""), raw.get("gpu", ""), events)
     except ValueError as err:
         raise ManifestError(f"{where}: {err}") from None
 
@@ -154,6 +180,13 @@ def load_backends(
         if key in seen:
             raise ManifestError(f"backend {spec.url!r} is given twice")
         seen.add(key)
+    followed = [s.url for s in specs if s.kv_events]
+    if followed:
+        from kvpolicy.tenancy._kv_events import kv_events_missing
+
+        missing = kv_events_missing()
+        if missing is not None:
+            raise ManifestError(f"backends {followed!r} publish KV events; {missing}")
     return tuple(specs)
 
 
@@ -328,6 +361,7 @@ def fleet_schemas() -> dict[str, dict[str, Any]]:
             "weight": _NUMBER_GT0,
             "model": {"type": "string"},
             "gpu": {"type": "string"},
+            "kv_events": {"type": "string", "pattern": "^(tcp|ipc|inproc)://"},
         },
         ("url",),
     )

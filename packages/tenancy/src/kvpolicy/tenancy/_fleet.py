@@ -10,32 +10,52 @@ may take a new request, from kvmodel :class:`~kvpolicy.kvmodel.ReplicaView` s.
 
 A view is an attrs object validated when built, which costs microseconds: each backend's
 view is cached and rebuilt only when what it shows changes (its in-flight counts, a new
-scrape, its signal's age by one scrape interval, the blocks it holds of this request's
-prompt), so a decision over 64 backends rebuilds one or two. A view's ``prefix_blocks``
-holds only the blocks of the request being routed that the backend holds: all a router
-needs (matched ÷ total blocks of the request) without copying a whole index per request.
+scrape, its signal's age by one scrape interval), so a decision over 64 backends rebuilds
+one or two. A backend holding the first block of the request's prompt is shown with its
+prefix index as its GPU tier's ``prefix_blocks`` (a live read-only set of the index, not a
+copy: a router walks the prompt's blocks through it, and the leading run it finds is the
+backend's match); the others are shown holding nothing, since a chained hash names its
+prefix and a backend without the first block can reuse none of the prompt. Nothing about a
+decision is copied or hashed per backend, so it costs what the router costs plus a few
+microseconds.
 
-The background loops (:meth:`Fleet.run`) scrape every backend's ``/metrics``, check its
-health, follow the healthy share with the token pool and export the autoscaler's target.
+The background loops (:meth:`Fleet.start`) scrape every backend's ``/metrics``, check its
+health, follow the healthy share with the token pool, export the autoscaler's target and
+follow the KV cache events of the backends that publish them (``kv_events`` of their
+spec): a block a backend stores joins its prefix index, a block it evicts leaves it, a
+cleared cache empties it. The gateway still adds a prompt's blocks when it sends the
+prompt (the events come after the backend ran it; a conversation's next turn may come
+sooner), so the events make the index drop what the backend dropped, which its guess
+alone cannot see.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any, TypeVar
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from kvpolicy.kvmodel import Autoscaler, FleetView, ReplicaView, Router, RoutingRequest
+from kvpolicy.kvmodel import (
+    Autoscaler,
+    FleetView,
+    ReplicaView,
+    Router,
+    RoutingRequest,
+    reads_prefix_blocks,
+)
 from kvpolicy.tenancy._backends import BackendSpec, RoutingConfig
 from kvpolicy.tenancy._fleet_pool import PoolFollower, healthy_share
 from kvpolicy.tenancy._health import BackendHealth
+from kvpolicy.tenancy._kv_events import CLEARED, REMOVED, STORED, KVEvent, KVEventFollower
 from kvpolicy.tenancy._prefix_index import (
+    _NOBODY,
     FleetPrefixIndex,
     PrefixIndex,
     prompt_text,
@@ -50,7 +70,21 @@ _log = logging.getLogger("kvpolicy.tenancy")
 _NO_BLOCKS: frozenset[int] = frozenset()
 
 
-_VIEW_FIELDS = tuple(a.name for a in attrs.fields(ReplicaView) if a.name != "prefix_blocks")
+_VIEW_FIELDS = (
+    "replica_id",
+    "running",
+    "waiting",
+    "kv_usage",
+    "free_blocks",
+    "block_size",
+    "draining",
+    "signal_age_s",
+    "model",
+    "gpu",
+)
+"""The fields of a view but its prefix blocks, in the order :meth:`Backend._base` gives."""
+if set(_VIEW_FIELDS) | {"prefix_blocks"} != {a.name for a in attrs.fields(ReplicaView)}:
+    raise ImportError("kvpolicy-tenancy's fleet views do not match kvmodel's ReplicaView fields")
 T = TypeVar("T")
 
 
@@ -69,20 +103,62 @@ def _unchecked(cls: type[T], fields: Mapping[str, Any]) -> T:
     return new
 
 
-def with_blocks(view: ReplicaView, blocks: frozenset[int]) -> ReplicaView:
-    """``view`` holding ``blocks`` (the request's prefix blocks it holds) in its GPU tier."""
-    fields = {name: getattr(view, name) for name in _VIEW_FIELDS}
-    fields["prefix_blocks"] = (("gpu", blocks),)
-    return _unchecked(ReplicaView, fields)
+# The slots' own setters and getters, bound once (a view is built field by field on the
+# request path: looking each method up per field would cost as much as the calls).
+_VIEW_SET = tuple(ReplicaView.__dict__[name].__set__ for name in _VIEW_FIELDS)
+_VIEW_GET = tuple(ReplicaView.__dict__[name].__get__ for name in _VIEW_FIELDS)
+_SET_BLOCKS = ReplicaView.__dict__["prefix_blocks"].__set__
+
+
+def _view_of(values: Sequence[Any], prefix_blocks: Any) -> ReplicaView:
+    """A :class:`ReplicaView` of ``values`` (in the order of ``_VIEW_FIELDS``, already in
+    their converted form) and ``prefix_blocks``, built unchecked as :func:`_unchecked`
+    does, through the class's slots (no mapping built per view)."""
+    new = object.__new__(ReplicaView)
+    for set_field, value in zip(_VIEW_SET, values, strict=True):
+        set_field(new, value)
+    _SET_BLOCKS(new, prefix_blocks)
+    return new
+
+
+_REQUEST_SLOTS = tuple(
+    RoutingRequest.__dict__[name] for name in ("request_id", "prompt_len", "block_hashes", "label")
+)
+if {a.name for a in attrs.fields(RoutingRequest)} != {
+    "request_id",
+    "prompt_len",
+    "block_hashes",
+    "label",
+}:
+    raise ImportError("kvpolicy-tenancy's routing requests do not match kvmodel's RoutingRequest")
+
+
+def _request_of(
+    request_id: str, prompt_len: int, hashes: tuple[int, ...], label: str
+) -> RoutingRequest:
+    """A :class:`RoutingRequest` of checked values, built unchecked (see :func:`_unchecked`)."""
+    new = object.__new__(RoutingRequest)
+    rid, plen, blocks, lab = _REQUEST_SLOTS
+    rid.__set__(new, request_id)
+    plen.__set__(new, prompt_len)
+    blocks.__set__(new, hashes)
+    lab.__set__(new, label)
+    return new
+
+
+def with_blocks(view: ReplicaView, blocks: Set[int]) -> ReplicaView:
+    """``view`` holding ``blocks`` (the prefix blocks it holds) in its GPU tier."""
+    return _view_of([get(view) for get in _VIEW_GET], (("gpu", blocks),))
 
 
 class Backend:
     """One backend of the fleet and what the gateway knows of it."""
 
     __slots__ = (
+        "_indexed",
         "_key",
         "_view",
-        "_with",
+        "events",
         "health",
         "in_flight",
         "index",
@@ -121,8 +197,11 @@ class Backend:
         self.version = 0
         """Raised whenever what the view shows changes (counts, scrape, draining)."""
         self._view: ReplicaView | None = None
+        # (the view it was made of, the view showing the prefix index)
+        self._indexed: tuple[ReplicaView, ReplicaView] | None = None
+        self.events: KVEventFollower | None = None
+        """The follower of its KV events (None: it publishes none, or not started)."""
         self._key: tuple[int, int] = (-1, -1)
-        self._with: dict[int, ReplicaView] = {}  # the view holding a prefix, by its last hash
 
     @property
     def id(self) -> str:
@@ -130,16 +209,25 @@ class Backend:
         return self.spec.url
 
     def view(
-        self, now: float, config: RoutingConfig, matched: frozenset[int] = _NO_BLOCKS
+        self, now: float, config: RoutingConfig, matched: Set[int] = _NO_BLOCKS
     ) -> ReplicaView:
-        """The router's view of the backend now, holding ``matched`` of the request's
-        prefix blocks (the view without them is cached while what it shows is the same)."""
+        """The router's view of the backend now, holding ``matched`` prefix blocks (the view
+        without them is cached while what it shows is the same)."""
         base = self._base(now, config)
         return with_blocks(base, matched) if matched else base
 
+    def indexed(self, base: ReplicaView) -> ReplicaView:
+        """``base`` (this backend's current view) showing its prefix index as the GPU
+        tier's blocks (live, not copied); kept while ``base`` is."""
+        held = self._indexed
+        if held is None or held[0] is not base:
+            held = self._indexed = (base, with_blocks(base, self.index.resident()))
+        return held[1]
+
     def _base(self, now: float, config: RoutingConfig) -> ReplicaView:
+        scraped = self.scraped
         age = now - self.scraped_at
-        bucket = int(age / max(config.scrape_interval_s, 0.1)) if self.scraped else -1
+        bucket = int(age / max(config.scrape_interval_s, 0.1)) if scraped else -1
         key = (self.version, bucket)
         view = self._view
         if view is not None and key == self._key:
@@ -147,43 +235,35 @@ class Backend:
         load = load_view(
             self.in_flight,
             self.tokens,
-            self.scraped,
+            scraped,
             age,
             config.max_signal_age_s,
             self.kv_capacity_tokens,
         )
-        scraped = self.scraped
         block_size = scraped.block_size if scraped and scraped.block_size else 16
         blocks = scraped.num_gpu_blocks if scraped and scraped.num_gpu_blocks else 0
-        fields: dict[str, Any] = {
-            "replica_id": self.spec.url,
-            "running": load.running,
-            "waiting": load.waiting,
-            "kv_usage": load.kv_usage,
-            "free_blocks": round(blocks * (1.0 - load.kv_usage)),
-            "block_size": block_size,
-            "prefix_blocks": (),
-            "draining": self.health.draining,
-            "signal_age_s": load.age_s,
-            "model": self.spec.model,
-            "gpu": self.spec.gpu,
-        }
-        # The first view of a backend is validated; later ones hold values of the same
-        # making (counts >= 0, usage clamped to [0, 1]) and are built unchecked.
-        view = ReplicaView(**fields) if view is None else _unchecked(ReplicaView, fields)
-        self._view, self._key = view, key
-        self._with.clear()
+        spec = self.spec
+        values = (
+            spec.url,
+            load.running,
+            load.waiting,
+            load.kv_usage,
+            round(blocks * (1.0 - load.kv_usage)),
+            block_size,
+            self.health.draining,
+            load.age_s,
+            spec.model,
+            spec.gpu,
+        )
+        if view is None:
+            # The first view of a backend is validated; later ones hold values of the same
+            # making (counts >= 0, usage clamped to [0, 1]) and are built unchecked.
+            fields: dict[str, Any] = dict(zip(_VIEW_FIELDS, values, strict=True))
+            view = ReplicaView(**fields)
+        else:
+            view = _view_of(values, ())
+        self._view, self._key, self._indexed = view, key, None
         return view
-
-    def holding(self, view: ReplicaView, run: frozenset[int], last: int) -> ReplicaView:
-        """``view`` (this backend's current one) holding the prefix ``run`` that ends with
-        block ``last``: kept while the view is, since a chained hash names its prefix."""
-        held = self._with.get(last)
-        if held is None:
-            if len(self._with) >= 1024:
-                self._with.clear()
-            held = self._with[last] = with_blocks(view, run)
-        return held
 
 
 class Fleet:
@@ -233,9 +313,11 @@ class Fleet:
         self._by_id = {b.id: b for b in self.backends}
         self._active = config.health.interval_s > 0
         self._cands: list[Backend] = list(self.backends)
-        self._view_cache: dict[Backend, ReplicaView] = {}
-        self._dirty: set[Backend] = set(self.backends)
-        self._ages_at = 0.0
+        self._cand_pos: dict[str, int] = {b.id: i for i, b in enumerate(self.backends)}
+        now = time.monotonic()
+        self._view_cache = {b: b._base(now, config) for b in self.backends}
+        self._cand_views = [self._view_cache[b] for b in self._cands]
+        """The candidates' views in their order, each replaced as it changes."""
         self._recheck_at = float("inf")  # when an ejection's backoff ends (passive only)
         self._t0 = time.monotonic()
         self._tasks: list[asyncio.Task[None]] = []
@@ -267,6 +349,12 @@ class Fleet:
             "kvpolicy_backend_signal_age_seconds",
             "Age of the backend's last good scrape (-1: none)",
             ["backend"],
+            registry=reg,
+        )
+        self.m_kv_events = Counter(
+            "kvpolicy_backend_kv_events",
+            "KV cache events applied to the prefix index per backend",
+            ["backend", "kind"],
             registry=reg,
         )
         self.m_failovers = Counter(
@@ -326,54 +414,75 @@ class Fleet:
             return None
         if len(cands) == 1 or self.router is None:
             return cands[0]
-        views = self._views(now, self.prefix.matching(hashes) if hashes else {}, cands, hashes)
+        # A router that never reads prefix blocks (``reads_prefix_blocks = False``) is
+        # shown none: finding the holders would be work for nothing.
+        holders = (
+            self.prefix.holders(hashes[0])
+            if hashes and reads_prefix_blocks(self.router)
+            else _NOBODY
+        )
+        views = self._views(now, cands, holders)
         try:
-            request = {
-                "request_id": request_id or "request",
-                "prompt_len": max(1, int(prompt_len)),
-                "block_hashes": tuple(hashes),
-                "label": label or "default",
-            }
-            rid = self.router.route(_unchecked(RoutingRequest, request), views)
+            request = _request_of(
+                request_id or "request",
+                max(1, int(prompt_len)),
+                hashes if type(hashes) is tuple else tuple(hashes),
+                label or "default",
+            )
+            rid = self.router.route(request, views)
         except Exception:
             _log.exception(
                 "router %s failed: least in-flight backend instead", type(self.router).__name__
             )
             rid = None
         chosen = self._by_id.get(rid) if rid is not None else None
-        if chosen is None or chosen not in cands:
+        if chosen is None or (
+            chosen.id not in self._cand_pos if cands is self._cands else chosen not in cands
+        ):
             if rid is not None:
                 _log.warning("router answered %r, not a candidate: least in-flight instead", rid)
             chosen = min(cands, key=lambda b: b.in_flight)
         return chosen
 
-    def _views(
-        self,
-        now: float,
-        matched: dict[str, frozenset[int]],
-        cands: list[Backend],
-        hashes: Sequence[int] = (),
-    ) -> list[ReplicaView]:
-        """The candidates' views for one request: rebuilt only for the backends whose view
-        changed (counts, scrape, draining: ``_dirty``), or all once per scrape interval
-        (the signals' ages); the holders of this request's prefix get a copy holding it."""
-        config, cache = self.config, self._view_cache
-        if now >= self._ages_at:
-            self._dirty.update(self.backends)
-            self._ages_at = now + max(config.scrape_interval_s, 0.1)
-        for b in self._dirty:
-            cache[b] = b._base(now, config)
-        self._dirty.clear()
-        if not matched:
-            return [cache[b] for b in cands]
-        out = []
-        for b in cands:
-            run = matched.get(b.spec.url)
-            if run is None:
-                out.append(cache[b])
-            else:
-                out.append(b.holding(cache[b], run, hashes[len(run) - 1]))
-        return out
+    def _views(self, now: float, cands: list[Backend], holders: Set[str]) -> list[ReplicaView]:
+        """The candidates' views for one request, as :meth:`_touch` and :meth:`refresh`
+        keep them; the holders of the prompt's first block are shown with their prefix
+        index."""
+        if cands is self._cands:
+            views = self._cand_views.copy()
+            pos = self._cand_pos
+            for url in holders:
+                i = pos.get(url)
+                if i is not None:
+                    views[i] = cands[i].indexed(views[i])
+            return views
+        cache = self._view_cache
+        return [b.indexed(cache[b]) if b.id in holders else cache[b] for b in cands]
+
+    async def refresh(self) -> None:
+        """Rebuild the views of the scraped backends whose signal aged by a scrape interval
+        (the age they show; a scrape older than ``max_signal_age_s`` is dropped for the
+        gateway's own counts): run every scrape interval by :meth:`start`, off the path
+        of the routing decisions."""
+        now = time.monotonic()
+        for b in self.backends:
+            if b.scraped is not None:
+                self._set_view(b, b._base(now, self.config))
+
+    def _set_view(self, backend: Backend, view: ReplicaView) -> None:
+        self._view_cache[backend] = view
+        i = self._cand_pos.get(backend.id)
+        if i is not None:
+            self._cand_views[i] = view
+
+    def _touch(self, backend: Backend) -> None:
+        """What ``backend``'s view shows changed (its counts, scrape or draining): its view
+        is rebuilt now, when the change happens, and not by the next routing decision."""
+        backend.version += 1
+        view = backend._base(time.monotonic(), self.config)
+        self._set_view(backend, view)
+        if len(backend.index) and reads_prefix_blocks(self.router):
+            backend.indexed(view)  # when it holds a prompt's first block, it is shown so
 
     def hashes(self, doc: Mapping[str, Any] | None, chat: bool) -> tuple[int, ...]:
         """The approximate prefix index's block hashes of a request body's prompt (none
@@ -387,8 +496,7 @@ class Fleet:
         backend.in_flight += 1
         backend.tokens += tokens
         backend.routed += 1
-        backend.version += 1
-        self._dirty.add(backend)
+        self._touch(backend)
         self._arrivals += 1
         self._routed[backend.id].inc()
         self._inflight_g[backend.id].set(backend.in_flight)
@@ -399,8 +507,7 @@ class Fleet:
         """The request :meth:`begin` counted is over (``served`` tokens it produced)."""
         backend.in_flight -= 1
         backend.tokens -= tokens
-        backend.version += 1
-        self._dirty.add(backend)
+        self._touch(backend)
         self._served_tokens += served
         self._inflight_g[backend.id].set(backend.in_flight)
 
@@ -432,8 +539,7 @@ class Fleet:
             return False
         if b.health.draining != draining:
             b.health.draining = draining
-            b.version += 1
-            self._dirty.add(b)
+            self._touch(b)
             self._changed()
         return True
 
@@ -449,6 +555,8 @@ class Fleet:
         """The routable backends, and when that changes by the clock alone (an ejection's
         backoff ending, without active checks)."""
         self._cands = [b for b in self.backends if b.health.routable(now, self._active)]
+        self._cand_pos = {b.id: i for i, b in enumerate(self._cands)}
+        self._cand_views = [self._view_cache[b] for b in self._cands]
         ends = [b.health.ejected_until for b in self.backends if b.health.ejected]
         self._recheck_at = min(ends) if ends and not self._active else float("inf")
 
@@ -496,6 +604,14 @@ class Fleet:
                     },
                     "scrape_error": b.scrape_error,
                     "prefix_blocks": len(b.index),
+                    "kv_events": None
+                    if b.events is None
+                    else {
+                        "endpoint": b.events.endpoint,
+                        "batches": b.events.batches,
+                        "skipped": b.events.errors,
+                        "missed": b.events.gaps,
+                    },
                 }
             )
         return out
@@ -507,9 +623,9 @@ class Fleet:
         if self._tasks:
             return
         if self.config.scrape_interval_s > 0:
-            self._tasks.append(
-                asyncio.create_task(self._every(self.config.scrape_interval_s, self.scrape))
-            )
+            interval = self.config.scrape_interval_s
+            self._tasks.append(asyncio.create_task(self._every(interval, self.scrape)))
+            self._tasks.append(asyncio.create_task(self._every(interval, self.refresh)))
         if self._active:
             self._tasks.append(
                 asyncio.create_task(self._every(self.config.health.interval_s, self.check))
@@ -517,6 +633,25 @@ class Fleet:
         if self.autoscaler is not None:
             interval = max(self.config.scrape_interval_s, 1.0)
             self._tasks.append(asyncio.create_task(self._autoscale(interval)))
+        for b in self.backends:
+            if b.spec.kv_events:
+                b.events = KVEventFollower(b.spec.kv_events, functools.partial(self.kv_events, b))
+                self._tasks.append(b.events.start())
+
+    def kv_events(self, backend: Backend, events: Sequence[KVEvent]) -> None:
+        """Apply ``backend``'s KV cache events to its prefix index, in order."""
+        prefix, counts = self.prefix, {STORED: 0, REMOVED: 0, CLEARED: 0}
+        for e in events:
+            if e.kind == STORED:
+                prefix.add(backend.id, e.hashes)
+            elif e.kind == REMOVED:
+                prefix.remove(backend.id, e.hashes)
+            elif e.kind == CLEARED:
+                prefix.clear(backend.id)
+            counts[e.kind] += 1
+        for kind, n in counts.items():
+            if n:
+                self.m_kv_events.labels(backend.id, kind).inc(n)
 
     async def stop(self) -> None:
         """Stop the loops and close the idle connections."""
@@ -574,8 +709,7 @@ class Fleet:
         b.scrape_error = ""
         b.scraped, b.scraped_at = metrics, time.monotonic()
         b.scrape_version += 1
-        b.version += 1
-        self._dirty.add(b)
+        self._touch(b)
         self.m_age.labels(b.id).set(0)
         if metrics.num_gpu_blocks and metrics.block_size:
             b.kv_capacity_tokens = metrics.num_gpu_blocks * metrics.block_size

@@ -2,10 +2,12 @@
 
 Without a tokenizer the gateway cannot name a prompt's KV blocks as the engine does, so
 it names the prompt's *text* in fixed chunks: the prompt (each chat message's role and
-text, in order) is cut into chunks of ``block_chars`` characters, each chunk's bytes are
-hashed (BLAKE2b, 8 bytes, the same in every process) and the digests are chained with
-kvmodel's :func:`~kvpolicy.kvmodel.chain_block_hashes`, so that equal hashes mean equal
-prefixes, as the engine's own block hashes do. A trailing partial chunk gets no hash.
+text, in order) is cut into chunks of ``block_chars`` characters and each chunk is hashed
+with the digest of the chunk before it (BLAKE2b, 8 bytes), so that equal hashes mean equal
+prefixes, as the engine's own block hashes do, and every process computes the same hashes:
+``kvpolicy sim backend`` names its cached blocks with this function, so the blocks its KV
+events report are the gateway's (:mod:`kvpolicy.tenancy._kv_events`). A trailing partial
+chunk gets no hash.
 
 :class:`PrefixIndex` remembers the chains sent to one backend, the least recently used
 dropped first beyond its capacity (the backend's KV blocks when it reports them): an
@@ -18,10 +20,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, KeysView, Mapping, Sequence, Set
 from typing import Any
-
-from kvpolicy.kvmodel import chain_block_hashes
 
 __all__ = ["FleetPrefixIndex", "PrefixIndex", "prompt_text", "text_block_hashes"]
 
@@ -46,15 +46,18 @@ def prompt_text(doc: Mapping[str, Any], chat: bool) -> str:
 
 
 def text_block_hashes(text: str, block_chars: int) -> tuple[int, ...]:
-    """Chained hashes of ``text``'s full chunks of ``block_chars`` characters."""
+    """Chained hashes of ``text``'s full chunks of ``block_chars`` bytes of UTF-8 (each a
+    BLAKE2b digest of 8 bytes keyed with the one before: the same in every process, as
+    unsigned 64-bit ints)."""
     if block_chars < 1:
         raise ValueError(f"'block_chars' must be >= 1: {block_chars!r}")
     data = text.encode("utf-8", "surrogatepass")
-    digests = [
-        int.from_bytes(hashlib.blake2b(data[i : i + block_chars], digest_size=8).digest())
-        for i in range(0, len(data) - block_chars + 1, block_chars)
-    ]
-    return chain_block_hashes(digests, 1)
+    out = []
+    prev = b""
+    for i in range(0, len(data) - block_chars + 1, block_chars):
+        prev = hashlib.blake2b(data[i : i + block_chars], digest_size=8, key=prev).digest()
+        out.append(int.from_bytes(prev))
+    return tuple(out)
 
 
 class PrefixIndex:
@@ -122,6 +125,11 @@ class PrefixIndex:
             out.append(self._blocks.popitem(last=False)[0])
         return out
 
+    def resident(self) -> KeysView[int]:
+        """The blocks held, as a live read-only set (it follows the index: a router's view
+        holds it for the decision it is shown in, without a copy)."""
+        return self._blocks.keys()
+
     def matching(self, hashes: Sequence[int]) -> frozenset[int]:
         """Those of ``hashes`` held (what a router needs of the index for one request)."""
         blocks = self._blocks
@@ -130,6 +138,9 @@ class PrefixIndex:
     def clear(self) -> None:
         """Forget everything (the backend restarted: its cache is empty)."""
         self._blocks.clear()
+
+
+_NOBODY: frozenset[str] = frozenset()
 
 
 class FleetPrefixIndex:
@@ -181,6 +192,10 @@ class FleetPrefixIndex:
         index = self._indexes[backend]
         self._forget(backend, list(index.blocks()))
         index.clear()
+
+    def holders(self, block: int) -> Set[str]:
+        """The backends holding ``block`` (empty: none); read it, do not change it."""
+        return self._holders.get(block, _NOBODY)
 
     def _forget(self, backend: str, hashes: Iterable[int]) -> None:
         holders = self._holders

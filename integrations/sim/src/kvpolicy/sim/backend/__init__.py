@@ -9,6 +9,13 @@ phases and time model as ``kvpolicy sim``; the tokens are placeholders.
 from __future__ import annotations
 
 from kvpolicy.sim.backend._app import count_prompt_tokens, create_app
+from kvpolicy.sim.backend._events import KVEventPublisher
 from kvpolicy.sim.backend._live import LiveEngine, RequestTooLongError
 
-__all__ = ["LiveEngine", "RequestTooLongError", "count_prompt_tokens", "create_app"]
+__all__ = [
+    "KVEventPublisher",
+    "LiveEngine",
+    "RequestTooLongError",
+    "count_prompt_tokens",
+    "create_app",
+]

@@ -6,7 +6,9 @@ name; ``/healthz`` too) and ``GET /metrics``: vLLM's gauges in the Prometheus te
 under vLLM's names (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
 ``vllm:kv_cache_usage_perc``, ``vllm:cache_config_info`` with ``block_size`` and
 ``num_gpu_blocks``, the counter ``vllm:prefix_cache_hits_total`` in tokens), so that a
-gateway routes over simulated servers as over vLLM ones.
+gateway routes over simulated servers as over vLLM ones; with a
+:class:`~kvpolicy.sim.backend.KVEventPublisher` its prefix cache's changes go out as vLLM's
+KV cache events.
 
 The prefix cache works on the prompt's text: each full block of ``block_size`` tokens is
 ``4 * block_size`` characters of the prompt (each chat message's role and text in order),
@@ -28,6 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from kvpolicy.sim.backend._events import KVEventPublisher
 from kvpolicy.sim.backend._live import LiveEngine, RequestTooLongError
 from kvpolicy.tenancy import prompt_text, text_block_hashes
 
@@ -107,8 +110,9 @@ def _max_tokens(body: dict[str, Any], chat: bool) -> int:
     return value
 
 
-def create_app(engine: LiveEngine, model_name: str) -> Any:
-    """The ASGI app serving ``engine`` as model ``model_name``.
+def create_app(engine: LiveEngine, model_name: str, events: KVEventPublisher | None = None) -> Any:
+    """The ASGI app serving ``engine`` as model ``model_name``; ``events`` (if given)
+    publishes the changes of its prefix cache after each iteration.
 
     Raises:
         ImportError: Starlette is not installed (``pip install --find-links dist
@@ -162,6 +166,8 @@ def create_app(engine: LiveEngine, model_name: str) -> Any:
             tenant = str(body.get("user") or "default")
             try:
                 hashes = prompt_block_hashes(body, chat, engine.block_size)
+                if events is not None:
+                    events.observe(hashes)
                 tokens = engine.generate(prompt, out, tenant=tenant, prefix_hashes=hashes)
                 first = await anext(tokens)  # raises before anything is sent if too long
             except RequestTooLongError as exc:
@@ -201,11 +207,20 @@ def create_app(engine: LiveEngine, model_name: str) -> Any:
 
     @asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
+        if events is not None:
+            publisher = events
+
+            def publish() -> None:
+                publisher.publish(engine.cached_blocks())
+
+            engine.on_iteration = publish
         task = asyncio.create_task(engine.run())
         try:
             yield
         finally:
             task.cancel()
+            if events is not None:
+                events.close()
 
     return Starlette(
         routes=[

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import attrs
 import numpy as np
@@ -140,6 +140,8 @@ class LiveEngine:
         self._wake = asyncio.Event()
         self._t0: float | None = None
         self._count = 0
+        self.on_iteration: Callable[[], None] | None = None
+        """Called after each iteration (a KV event publisher reads the cache then)."""
 
     @property
     def max_request_tokens(self) -> int:
@@ -165,6 +167,10 @@ class LiveEngine:
         waiting = len(batch.waiting) + len(batch.swapped) + len(self._incoming)
         usage = 1.0 - pool.num_free_blocks / pool.num_blocks
         return len(batch.running), waiting, usage, pool.num_blocks
+
+    def cached_blocks(self) -> frozenset[int]:
+        """Hashes of the blocks the prefix cache holds now (reusable by a later prompt)."""
+        return self._pool.cached_hashes()
 
     @property
     def prefix_hit_tokens(self) -> int:
@@ -264,6 +270,8 @@ class LiveEngine:
                 continue
             step.run(math.inf, self._rec.first_output)
             batch.offload(step.now)
+            if self.on_iteration is not None:
+                self.on_iteration()
             assert self._t0 is not None
             delay = self._t0 + step.now / self._speed - loop.time()
             await asyncio.sleep(max(delay, 0.0))

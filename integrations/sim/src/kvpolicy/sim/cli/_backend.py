@@ -46,7 +46,17 @@ __all__ = ["backend_cmd"]
     show_default=True,
     help="Simulated seconds per wall-clock second.",
 )
-def backend_cmd(model: str, gpu: str, stack: str, host: str, port: int, speed: float) -> None:
+@click.option(
+    "--kv-events",
+    "kv_events",
+    default=None,
+    metavar="ENDPOINT",
+    help="Publish the prefix cache's changes as vLLM's KV cache events on this ZMQ "
+    "address (e.g. tcp://127.0.0.1:5557; needs pyzmq and msgspec). Default: none.",
+)
+def backend_cmd(
+    model: str, gpu: str, stack: str, host: str, port: int, speed: float, kv_events: str | None
+) -> None:
     """Serve the OpenAI API from a simulated GPU server (no GPU needed).
 
     Requests are queued, batched and streamed at the pace of the simulator's time model
@@ -88,7 +98,24 @@ def backend_cmd(model: str, gpu: str, stack: str, host: str, port: int, speed: f
         )
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
+    events = None
+    if kv_events is not None:
+        from kvpolicy.sim.backend import KVEventPublisher
+
+        if not kv_events.startswith(("tcp://", "ipc://")):
+            raise click.BadParameter(
+                f"must be a ZMQ address like tcp://127.0.0.1:5557: {kv_events!r}",
+                param_hint="'--kv-events'",
+            )
+        try:
+            events = KVEventPublisher(kv_events, engine.block_size)
+        except ImportError as exc:
+            raise click.UsageError(str(exc)) from exc
+        except Exception as exc:  # zmq.ZMQError: the address is taken or not bindable
+            raise click.BadParameter(
+                f"cannot bind {kv_events!r}: {exc}", param_hint="'--kv-events'"
+            ) from exc
     click.echo(
         f"simulated {model} on {gpu} ({cfg.name} stack) at http://{host}:{port}/v1", err=True
     )
-    uvicorn.run(create_app(engine, model), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(engine, model, events), host=host, port=port, log_level="warning")
