@@ -82,6 +82,7 @@ class TestGenerate:
         assert cache.resident().tolist() == [[19, 14], [19, 14]]
         assert cache.resident_positions(0, 1).tolist() == list(range(14))
 
+    @pytest.mark.heavy
     def test_batch_global_budget_holds_after_prompt_and_every_token(self, lm: CausalLM) -> None:
         """One budget over both rows: each layer holds at most 10 tokens in all, the
         policy choosing how many each row keeps."""

@@ -238,6 +238,7 @@ class TestMLP:
         assert (risk == mlp.risk).all()
         assert mlp.risk < 0.01
 
+    @pytest.mark.heavy
     def test_architecture_is_vocab_256_1(self) -> None:
         """The default network is Linear(V, 256), ReLU, Linear(256, 1), Sigmoid (seed 000)."""
         mlp = train_mlp(torch.randn(4, 7), np.full(4, 0.5), epochs=1)
