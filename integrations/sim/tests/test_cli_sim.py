@@ -29,6 +29,7 @@ class TestRun:
         assert run["summary"]["requests"] == 60
         assert run["summary"]["completed"] + run["summary"]["rejected"] == 60
 
+    @pytest.mark.heavy
     def test_table_and_report(self, tmp_path: pathlib.Path) -> None:
         """The table is printed and the report directory holds HTML, JSON and PNGs."""
         code, out = _invoke("sim", "run", *_ARGS, "--gpu", "H100-SXM", "--report", str(tmp_path))

@@ -175,6 +175,7 @@ class TestAttentionSection:
         with pytest.raises(ConfigError, match=r"nope\.json"):
             cfg.attention.build()
 
+    @pytest.mark.heavy
     def test_the_stack_model_reaches_the_engine(self) -> None:
         """Eviction sees the stack's attention model: no sinks and no recency change what
         the policy keeps."""

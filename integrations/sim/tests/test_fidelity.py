@@ -83,6 +83,7 @@ class TestSeed002Saturated:
     def _reqs(self, n: int = 1500) -> list[Request]:
         return [Request(f"r{i}", L0 + 1, L1, 0.0) for i in range(n)]
 
+    @pytest.mark.heavy
     def test_greedy_settles_in_the_worst_cycle(self, kit: SimpleNamespace) -> None:
         """Greedy admission preempts and serves about T = 1.00 per iteration, below x*."""
         rec = _run(kit, StageZeroFits(), self._reqs())
@@ -103,6 +104,7 @@ class TestSeed002Saturated:
 
 
 class TestSeed002Poisson:
+    @pytest.mark.heavy
     def test_load_between_the_two_rates(self, kit: SimpleNamespace) -> None:
         """At lambda = 1.4 per iteration (between T = 1.00 and x* = 1.64) greedy falls into
         the worst cycle and its queue grows, while rate-limited admission keeps up."""

@@ -607,6 +607,7 @@ def _until(what: Callable[[], bool], why: str, timeout: float = 20.0) -> None:
 
 
 class TestKVEvents:
+    @pytest.mark.heavy
     def test_an_evicted_prefix_leaves_the_index(
         self, tmp_path: Any, closing: contextlib.ExitStack
     ) -> None:

@@ -119,6 +119,7 @@ class TestReport:
         doc = json.loads((tmp_path / "r" / "results.json").read_text())
         assert doc == json.loads(json.dumps(results_json(results, CONFIGS)))  # type: ignore[arg-type]
 
+    @pytest.mark.heavy
     def test_html_explains_itself(self, results: list[object], tmp_path: pathlib.Path) -> None:
         """The HTML holds what happened, the warnings, the notes, each stack's parts and
         a glossary of every figure."""

@@ -121,6 +121,7 @@ class TestLoadServeGen:
         assert all(0.0 <= r.arrival_time < 3600.0 for r in w.requests)
         assert "rates scaled by 0.5" in w.notes[0]
 
+    @pytest.mark.heavy
     def test_speedup_and_scale(self, tmp_path: pathlib.Path) -> None:
         """speedup K plays the same requests K times faster (the series' shape kept); scale S
         draws S times the requests over the same span; with rate, or not positive, refused

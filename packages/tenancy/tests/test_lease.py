@@ -452,6 +452,7 @@ class TestPriority:
         for tenant in "ges":
             assert replicas[1].usage(tenant) == {"in_flight": 0, "kv_bytes": 0, "tokens": 0}
 
+    @pytest.mark.heavy
     def test_the_update_costs_nothing_per_idle_tenant(self, redis_proc: Any) -> None:
         """2,000 tenants touched once, then a decision 10 intervals later: it is brought up
         to date alone (closed form), and the idle tenants' states expire."""
