@@ -1,7 +1,8 @@
 """nox sessions of the kvpolicy monorepo.
 
 ``nox -l`` lists them. Each ``tests`` session installs one distribution and only its
-declared dependencies (kvpolicy ones from this tree), so a missing dependency fails.
+declared dependencies (kvpolicy ones from this tree), so a missing dependency fails, and
+runs its tests but the ``heavy`` ones, which the ``heavy`` sessions run (CI runs both).
 
 Fast and lean:
 
@@ -10,6 +11,9 @@ Fast and lean:
   wheels, so nothing is rebuilt unless its sources changed.
 * A session records what it installed (the wheels' hashes, extras and other requirements)
   in a stamp in its venv and installs nothing when the stamp matches.
+* Installs go through uv (pip-installed into the builder venv once), which links files
+  from its cache instead of unpacking every wheel again; pip where uv cannot be had, or
+  with ``KVPOLICY_NOX_INSTALLER=pip``.
 * torch is installed once, into ``.nox/_torch-<version>``, and put on the path of just the
   sessions whose distributions need it: a dependency, or an extra the session asks for
   (``[test]``, ``[quality]``), not every optional extra. It is ``pip install torch==2.13.0``
