@@ -50,6 +50,23 @@ class TestTokenPoolAutoscaler:
         scaler = TokenPoolAutoscaler(small_pool, REPLICA)
         assert scaler.target(FleetView(0.0, up=_up(2), tokens_per_s=450.0)) == 5
 
+    def test_arrivals_show_a_burst_the_fleet_cannot_serve(self, small_pool: TokenPool) -> None:
+        """2 saturated replicas serve 200 tok/s while 5 req/s of 60 + 30 tokens arrive (450
+        tok/s): the demand, not what the short fleet serves, sizes it (5 replicas)."""
+        scaler = TokenPoolAutoscaler(small_pool, REPLICA)
+        view = FleetView(
+            0.0,
+            up=_up(2),
+            tokens_per_s=200.0,
+            arrival_rate=5.0,
+            mean_prompt_tokens=60.0,
+            mean_output_tokens=30.0,
+        )
+        assert scaler.observed(view)[0] == 450.0
+        assert scaler.target(view) == 5
+        # Served above what arrives (a backlog draining) counts as served.
+        assert scaler.observed(FleetView(0.0, tokens_per_s=500.0, arrival_rate=1.0))[0] == 500.0
+
     def test_kv_and_concurrency_burst(self, small_pool: TokenPool) -> None:
         """3 full replicas hold 1.2 MB (3 replicas); 15 requests on them and 5 queued need
         20 slots (5 replicas)."""

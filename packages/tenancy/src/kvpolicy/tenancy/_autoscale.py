@@ -38,8 +38,11 @@ class TokenPoolAutoscaler:
 
     Committed is the sum of the baselines of the entitlements whose class honours one
     (reserved: dedicated, guaranteed; time-averaged: elastic); spot and preemptible
-    entitlements are promised nothing. Observed is the fleet's served tokens/s, the KV bytes
-    in use on the replicas up (KV usage times a replica's KV bytes) and their running and
+    entitlements are promised nothing. Observed is what the tenants ask for now: tokens/s
+    the larger of those served and those arriving (each arrival's token budget, its prompt
+    and output, as the gateway charges it: a fleet short of replicas serves no more than
+    its capacity, so what it serves alone never shows a burst above it), the KV bytes in
+    use on the replicas up (KV usage times a replica's KV bytes) and their running and
     waiting requests plus those queued at the front door. Each dimension needs
     ``max(committed, observed)`` (the commitment plus the burst above it) ÷ one replica's
     capacity, rounded up; the target is the largest, clamped to ``[min_replicas,
@@ -105,9 +108,10 @@ class TokenPoolAutoscaler:
 
     def observed(self, fleet: FleetView) -> tuple[float, float, int]:
         """``(tokens_per_s, kv_bytes, concurrency)`` the fleet uses or asks for now."""
+        arriving = fleet.arrival_rate * (fleet.mean_prompt_tokens + fleet.mean_output_tokens)
         kv = math.fsum(r.kv_usage for r in fleet.up) * self.replica.kv_bytes
         conc = sum(r.running + r.waiting for r in fleet.up) + fleet.queued
-        return fleet.tokens_per_s, kv, conc
+        return max(fleet.tokens_per_s, arriving), kv, conc
 
     def target(self, fleet: FleetView) -> int:
         """The replicas the busiest dimension needs, clamped to the bounds."""
