@@ -12,7 +12,13 @@ from kvpolicy.sim import FleetConfig, PolicyChoice, StackConfig
 from kvpolicy.sim._config import EngineConfig, SLOConfig
 from kvpolicy.sim._engine import pool_capacity_tokens
 from kvpolicy.sim._simulate import autoscaler_sizing, fleet_parts
-from kvpolicy.sim._sizing import erlang_c, server_capacity, slo_capacity, slo_load
+from kvpolicy.sim._sizing import (
+    erlang_c,
+    server_capacity,
+    slo_capacity,
+    slo_load,
+    slot_kv_tokens,
+)
 from kvpolicy.sim._timing import TimingModel
 
 
@@ -54,14 +60,31 @@ def _timing() -> TimingModel:
 class TestSLOCapacity:
     def test_below_saturation_and_within_the_batch(self) -> None:
         """Reasoning-length requests: the KV pool bounds the batch, the queue's TTFT
-        target takes some of the saturation rate."""
+        target takes some of its saturation rate (every slot busy), and the rate is that of
+        the saturated server of :func:`server_capacity` to within its serial prefills."""
         tm, engine = _timing(), EngineConfig()
         cap = pool_capacity_tokens(tm, engine)
         at = slo_capacity(tm, engine, cap, 1261.0, 1517.0, SLOConfig())
-        saturated = server_capacity(tm, engine, cap, 1261.0, 1517.0)
         assert at.batch == int(cap // (1261 + 1517 / 2))
-        assert 0.5 * saturated < at.tokens_per_s < saturated
+        every_slot = at.batch / at.service_s * (1261 + 1517)
+        assert 0.5 * every_slot < at.tokens_per_s < every_slot
+        saturated = server_capacity(tm, engine, cap, 1261.0, 1517.0)
+        assert 0.8 * saturated < at.tokens_per_s < 1.2 * saturated
         assert at.concurrency == int(at.tokens_per_s * at.service_s / (1261 + 1517))
+
+    def test_varied_lengths_hold_more_kv_per_slot(self) -> None:
+        """A long request holds more KV for longer: 100 and 3,000 output tokens of 1,000
+        prompt tokens hold (1050 * 100 + 2500 * 3000) / 3100 on average over their time in
+        the batch, and fewer slots fit the pool than at the means."""
+        slot = slot_kv_tokens([(1000, 100), (1000, 3000)])
+        assert slot == pytest.approx((1050 * 100 + 2500 * 3000) / 3100)
+        assert slot_kv_tokens([(10, 0)]) == 0.0
+        tm, engine = _timing(), EngineConfig()
+        cap = pool_capacity_tokens(tm, engine)
+        at_means = slo_capacity(tm, engine, cap, 1000.0, 1550.0, SLOConfig())
+        held = slo_capacity(tm, engine, cap, 1000.0, 1550.0, SLOConfig(), slot_kv_tokens=slot)
+        assert held.batch == int(cap // slot) < at_means.batch
+        assert held.tokens_per_s < at_means.tokens_per_s
 
     def test_tpot_bounds_the_batch(self) -> None:
         """A TPOT target below the full batch's iteration time shrinks the batch."""

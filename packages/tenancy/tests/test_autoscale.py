@@ -67,6 +67,20 @@ class TestTokenPoolAutoscaler:
         # Served above what arrives (a backlog draining) counts as served.
         assert scaler.observed(FleetView(0.0, tokens_per_s=500.0, arrival_rate=1.0))[0] == 500.0
 
+    def test_scale_down_waits_for_the_window(self, small_pool: TokenPool) -> None:
+        """With a 60 s window the target falls only once the burst is 60 s old; it rises
+        at once; time going back is refused."""
+        scaler = TokenPoolAutoscaler(small_pool, REPLICA, stabilisation_s=60.0)
+        assert scaler.target(FleetView(0.0, tokens_per_s=450.0)) == 5
+        assert scaler.target(FleetView(30.0)) == 5
+        assert scaler.target(FleetView(60.0)) == 5
+        assert scaler.target(FleetView(61.0)) == 2
+        assert scaler.target(FleetView(70.0, tokens_per_s=650.0)) == 7
+        with pytest.raises(ValueError, match="'time' must not go back"):
+            scaler.target(FleetView(69.0))
+        with pytest.raises(ValueError, match="'stabilisation_s'"):
+            TokenPoolAutoscaler(small_pool, REPLICA, stabilisation_s=-1.0)
+
     def test_kv_and_concurrency_burst(self, small_pool: TokenPool) -> None:
         """3 full replicas hold 1.2 MB (3 replicas); 15 requests on them and 5 queued need
         20 slots (5 replicas)."""

@@ -37,7 +37,7 @@ from kvpolicy.sim._engine import Engine, ProgressFn, RunRecord, pool_capacity_to
 from kvpolicy.sim._errors import ConfigError
 from kvpolicy.sim._fleet import EngineFactory, Fleet, FleetRecord, summarize_fleet
 from kvpolicy.sim._metrics import Summary, summarize
-from kvpolicy.sim._sizing import server_capacity, slo_capacity
+from kvpolicy.sim._sizing import server_capacity, slo_capacity, slot_kv_tokens
 from kvpolicy.sim._stack import Stack, build_stack
 from kvpolicy.sim._timing import TimingModel
 from kvpolicy.tenancy import RefreshConfig, Resources
@@ -200,13 +200,22 @@ def autoscaler_sizing(
     requests: Sequence[Request], timing: TimingModel, cfg: StackConfig
 ) -> dict[str, object]:
     """What an autoscaler sizes one replica by, from the time model at the stack's SLO
-    (:func:`~kvpolicy.sim._sizing.slo_capacity` for the workload's typical lengths):
+    (:func:`~kvpolicy.sim._sizing.slo_capacity` for the workload's typical lengths, the
+    longest 1% aside, each slot holding the KV its requests hold over their time in it):
     ``per_replica_tokens_per_s`` (the planner's) and ``replica`` (the token pool's
     tokens/s, KV bytes and concurrency), given to an autoscaler that accepts them when the
     stack file does not set them."""
     capacity = pool_capacity_tokens(timing, cfg.engine)
-    prompt, output = _typical_lengths(requests, min(timing.model.max_context, capacity))
-    at_slo = slo_capacity(timing, cfg.engine, capacity, prompt, output, cfg.slo)
+    limit = min(timing.model.max_context, capacity)
+    prompt, output = _typical_lengths(requests, limit)
+    fits = sorted(
+        (r.total_len, r.prompt_len, r.decode_len) for r in requests if r.total_len <= limit
+    )
+    typical = fits[: max(1, len(fits) - len(fits) // 100)]  # the longest 1% aside, as above
+    slot = slot_kv_tokens((p, d) for _, p, d in typical) or None
+    at_slo = slo_capacity(
+        timing, cfg.engine, capacity, prompt, output, cfg.slo, slot_kv_tokens=slot
+    )
     return {
         "per_replica_tokens_per_s": at_slo.tokens_per_s,
         "replica": Resources(

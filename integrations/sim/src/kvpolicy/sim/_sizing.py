@@ -6,15 +6,15 @@ still meet the SLO. The batch is a queue with ``B`` servers (the sequences its K
 batch hold, each request holding one slot for its prefill and its ``D`` decode
 iterations), so the rate at the SLO is:
 
-- ``B``: the largest batch, within what the KV pool holds at the mean lengths
-  (``P + D/2`` tokens a request) and the engine's ``max_batch``, whose iteration (``B``
+- ``B``: the largest batch, within what the KV pool holds (each request in flight the KV
+  it holds on average over its time in the batch, :func:`slot_kv_tokens`) and the
+  engine's ``max_batch``, whose iteration (``B``
   decodes and the prefill chunks of the ``B / D`` requests that join per iteration) meets
   the TPOT target;
 - the load ``a`` (requests in flight, Erlangs) at which the chance that a request waits
   longer for a slot than its TTFT budget (the target less its prefill and first
   iteration) is at most ``miss``: Erlang C's ``C(B, a) · exp(-(B - a) · t / S)``, with
-  ``S`` the time a request holds its slot (``B`` requests per ``S`` seconds is the
-  saturation rate of :func:`server_capacity`);
+  ``S`` the time a request holds its slot, its ``D`` iterations;
 - tokens per second ``a / S · (P + D)``.
 
 These are a model's figures (Poisson arrivals, exponential holding times); the runs
@@ -24,13 +24,21 @@ measure what they give.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from attrs import frozen
 
 from kvpolicy.sim._config import EngineConfig, SLOConfig
 from kvpolicy.sim._timing import TimingModel
 
-__all__ = ["SLOCapacity", "erlang_c", "server_capacity", "slo_capacity", "slo_load"]
+__all__ = [
+    "SLOCapacity",
+    "erlang_c",
+    "server_capacity",
+    "slo_capacity",
+    "slo_load",
+    "slot_kv_tokens",
+]
 
 
 def server_capacity(
@@ -115,17 +123,26 @@ def slo_capacity(
     mean_output: float,
     slo: SLOConfig,
     miss: float = 0.01,
+    slot_kv_tokens: float | None = None,
 ) -> SLOCapacity:
     """One replica's rate at the SLO for requests of ``mean_prompt`` and ``mean_output``
-    tokens, at most ``miss`` of them waiting past the TTFT target (see the module)."""
+    tokens, at most ``miss`` of them waiting past the TTFT target (see the module).
+
+    ``slot_kv_tokens`` is the KV a request in flight holds on average over its time in the
+    batch (None: ``P + D/2``, right when all requests are alike). With lengths that vary,
+    a long request holds more KV for longer: by Little's law the KV a busy slot holds is
+    ``sum((p + d/2) * d) / sum(d)`` over the requests (:func:`slot_kv_tokens`), and that
+    is what the pool divides into slots.
+    """
     p, d = max(mean_prompt, 1.0), max(mean_output, 1.0)
+    per_slot = p + d / 2 if slot_kv_tokens is None else max(slot_kv_tokens, 1.0)
 
     def iteration_s(b: int) -> float:
         joining = b / d  # requests that finish, and join, per iteration
-        kv = b * (p + d / 2)
+        kv = b * per_slot
         return timing.iteration_time(b + joining * p, kv, kv + joining * p * (p + 1) / 2)
 
-    batch = max(1, min(engine.max_batch, int(capacity_tokens // (p + d / 2))))
+    batch = max(1, min(engine.max_batch, int(capacity_tokens // per_slot)))
     lo, hi = 1, batch  # the largest batch whose iteration meets the TPOT target
     if iteration_s(batch) > slo.tpot_s:
         while lo < hi:
@@ -137,11 +154,10 @@ def slo_capacity(
         batch = lo
     step = iteration_s(batch)
     prefill = timing.iteration_time(p, 0, p * (p + 1) / 2)
-    # The slot is held for as long as the saturated server takes per ``batch`` requests
-    # (server_capacity's rate: decodes batched, prefills in between), so that the rate at
-    # the SLO is the saturation rate times the load the queue bears.
-    saturated = server_capacity(timing, engine, capacity_tokens, p, d)
-    service = batch * (p + d) / saturated
+    # A request holds its slot for its decode iterations (its prefill chunks ride in the
+    # iterations, whose time counts them): ``batch`` requests per ``service`` seconds is
+    # the saturation rate, and the rate at the SLO that times the load the queue bears.
+    service = d * step
     load = slo_load(batch, service, slo.ttft_s - prefill - step, miss)
     return SLOCapacity(
         tokens_per_s=load / service * (p + d),
@@ -149,3 +165,14 @@ def slo_capacity(
         batch=batch,
         service_s=service,
     )
+
+
+def slot_kv_tokens(lengths: Iterable[tuple[int, int]]) -> float:
+    """The KV tokens a request in flight holds, averaged over the time requests of these
+    ``(prompt, output)`` lengths spend in the batch: ``sum((p + d/2) * d) / sum(d)`` (a
+    request holds about ``p + d/2`` for ``d`` iterations). 0.0 with no output tokens."""
+    held = weight = 0.0
+    for prompt, output in lengths:
+        held += (prompt + output / 2) * output
+        weight += output
+    return held / weight if weight else 0.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,11 @@ def _replicas(_inst: object, attribute: attrs.Attribute[int], value: int) -> Non
         raise ValueError(f"'{attribute.name}' must be >= 1: {value!r}")
 
 
+def _seconds(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"'{attribute.name}' must be finite and >= 0: {value!r}")
+
+
 @frozen
 class TokenPoolAutoscaler:
     """Replicas that fund the entitlements' commitments and the observed burst.
@@ -45,8 +51,8 @@ class TokenPoolAutoscaler:
     use on the replicas up (KV usage times a replica's KV bytes) and their running and
     waiting requests plus those queued at the front door. Each dimension needs
     ``max(committed, observed)`` (the commitment plus the burst above it) ÷ one replica's
-    capacity, rounded up; the target is the largest, clamped to ``[min_replicas,
-    max_replicas]``.
+    capacity, rounded up; the target is the largest (the largest of the decisions within
+    ``stabilisation_s``), clamped to ``[min_replicas, max_replicas]``.
     """
 
     pool: TokenPool = field(validator=instance_of(TokenPool))
@@ -57,6 +63,12 @@ class TokenPoolAutoscaler:
     """Fewest replicas (the pool's ``minReplicas``, >= 1)."""
     max_replicas: int = field(default=10, validator=_replicas)
     """Most replicas (the pool's ``maxReplicas``, >= ``min_replicas``)."""
+    stabilisation_s: float = field(default=0.0, converter=float, validator=_seconds)
+    """Seconds of past decisions whose largest need sets the target (Kubernetes' HPA
+    scale-down stabilisation, which the pool's Deployment scales under): it rises at once
+    and falls only once the window has passed. 0: the latest decision only (the paper
+    gives no rule for scale-down)."""
+    _history: deque[tuple[float, int]] = field(init=False, factory=deque, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.min_replicas > self.max_replicas:
@@ -72,6 +84,7 @@ class TokenPoolAutoscaler:
         replica: Resources | None = None,
         min_replicas: int = 1,
         max_replicas: int = 10,
+        stabilisation_s: float = 0.0,
         *,
         context: ServerContext | None = None,
     ) -> TokenPoolAutoscaler:
@@ -93,7 +106,7 @@ class TokenPoolAutoscaler:
                 kv_bytes=context.kv_capacity_tokens * context.model.kv_bytes_per_token(),
                 concurrency=context.max_batch,
             )
-        return cls(pool, replica, min_replicas, max_replicas)
+        return cls(pool, replica, min_replicas, max_replicas, stabilisation_s)
 
     @property
     def committed(self) -> tuple[float, int, int]:
@@ -114,9 +127,19 @@ class TokenPoolAutoscaler:
         return max(fleet.tokens_per_s, arriving), kv, conc
 
     def target(self, fleet: FleetView) -> int:
-        """The replicas the busiest dimension needs, clamped to the bounds."""
+        """The replicas the busiest dimension needs (the most it needed within
+        ``stabilisation_s``), clamped to the bounds.
+
+        Raises:
+            ValueError: ``fleet.time`` is earlier than the previous decision's.
+        """
         if not isinstance(fleet, FleetView):
             raise TypeError(f"'fleet' must be a FleetView: {fleet!r}")
+        history = self._history
+        if history and fleet.time < history[-1][0]:
+            raise ValueError(
+                f"'time' must not go back (last decision at {history[-1][0]}): {fleet.time!r}"
+            )
         capacity = (self.replica.tokens_per_s, self.replica.kv_bytes, self.replica.concurrency)
         need = max(
             math.ceil(max(committed, observed) / per_replica)
@@ -124,4 +147,8 @@ class TokenPoolAutoscaler:
                 self.committed, self.observed(fleet), capacity, strict=True
             )
         )
+        history.append((fleet.time, need))
+        while history[0][0] < fleet.time - self.stabilisation_s:
+            history.popleft()
+        need = max(count for _, count in history)
         return max(self.min_replicas, min(self.max_replicas, need))
