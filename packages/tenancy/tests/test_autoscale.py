@@ -81,6 +81,17 @@ class TestTokenPoolAutoscaler:
         with pytest.raises(ValueError, match="'stabilisation_s'"):
             TokenPoolAutoscaler(small_pool, REPLICA, stabilisation_s=-1.0)
 
+    def test_burst_decay_averages_what_is_observed(self, small_pool: TokenPool) -> None:
+        """With gamma_b 0.5 a burst of 900 tok/s after 100 counts 500 (5 replicas), then
+        700 and 800 as it lasts (7, 8); the first decision starts the average."""
+        scaler = TokenPoolAutoscaler(small_pool, REPLICA, burst_decay=0.5)
+        assert scaler.target(FleetView(0.0, tokens_per_s=100.0)) == 2
+        assert scaler.target(FleetView(10.0, tokens_per_s=900.0)) == 5
+        assert scaler.target(FleetView(20.0, tokens_per_s=900.0)) == 7
+        assert scaler.target(FleetView(30.0, tokens_per_s=900.0)) == 8
+        with pytest.raises(ValueError, match="'burst_decay'"):
+            TokenPoolAutoscaler(small_pool, REPLICA, burst_decay=1.0)
+
     def test_kv_and_concurrency_burst(self, small_pool: TokenPool) -> None:
         """3 full replicas hold 1.2 MB (3 replicas); 15 requests on them and 5 queued need
         20 slots (5 replicas)."""

@@ -33,6 +33,11 @@ def _replicas(_inst: object, attribute: attrs.Attribute[int], value: int) -> Non
         raise ValueError(f"'{attribute.name}' must be >= 1: {value!r}")
 
 
+def _decay(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (0.0 <= value < 1.0):
+        raise ValueError(f"'{attribute.name}' must be in [0, 1): {value!r}")
+
+
 def _seconds(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"'{attribute.name}' must be finite and >= 0: {value!r}")
@@ -51,8 +56,10 @@ class TokenPoolAutoscaler:
     use on the replicas up (KV usage times a replica's KV bytes) and their running and
     waiting requests plus those queued at the front door. Each dimension needs
     ``max(committed, observed)`` (the commitment plus the burst above it) ÷ one replica's
-    capacity, rounded up; the target is the largest (the largest of the decisions within
-    ``stabilisation_s``), clamped to ``[min_replicas, max_replicas]``.
+    capacity, rounded up (what is observed averaged over the decisions with
+    ``burst_decay``, as seed 004 averages an entitlement's burst); the target is the largest
+    (the largest of the decisions within ``stabilisation_s``), clamped to
+    ``[min_replicas, max_replicas]``.
     """
 
     pool: TokenPool = field(validator=instance_of(TokenPool))
@@ -68,7 +75,13 @@ class TokenPoolAutoscaler:
     scale-down stabilisation, which the pool's Deployment scales under): it rises at once
     and falls only once the window has passed. 0: the latest decision only (the paper
     gives no rule for scale-down)."""
+    burst_decay: float = field(default=0.0, converter=float, validator=_decay)
+    """``gamma_b`` of seed 004's burst EWMA (``b(k) = gamma_b * b(k-1) + (1 - gamma_b) *
+    delta(k)``), applied here to what each decision observes in each dimension, so that a
+    brief burst moves the target less than a sustained one (in [0, 1); 0: the latest
+    observation alone). The first decision starts the average at what it observes."""
     _history: deque[tuple[float, int]] = field(init=False, factory=deque, eq=False, repr=False)
+    _smoothed: list[float] = field(init=False, factory=list, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.min_replicas > self.max_replicas:
@@ -85,6 +98,7 @@ class TokenPoolAutoscaler:
         min_replicas: int = 1,
         max_replicas: int = 10,
         stabilisation_s: float = 0.0,
+        burst_decay: float = 0.0,
         *,
         context: ServerContext | None = None,
     ) -> TokenPoolAutoscaler:
@@ -106,7 +120,7 @@ class TokenPoolAutoscaler:
                 kv_bytes=context.kv_capacity_tokens * context.model.kv_bytes_per_token(),
                 concurrency=context.max_batch,
             )
-        return cls(pool, replica, min_replicas, max_replicas, stabilisation_s)
+        return cls(pool, replica, min_replicas, max_replicas, stabilisation_s, burst_decay)
 
     @property
     def committed(self) -> tuple[float, int, int]:
@@ -141,11 +155,17 @@ class TokenPoolAutoscaler:
                 f"'time' must not go back (last decision at {history[-1][0]}): {fleet.time!r}"
             )
         capacity = (self.replica.tokens_per_s, self.replica.kv_bytes, self.replica.concurrency)
+        observed = [float(x) for x in self.observed(fleet)]
+        smoothed = self._smoothed
+        if smoothed:
+            g = self.burst_decay
+            observed = [
+                g * old + (1.0 - g) * new for old, new in zip(smoothed, observed, strict=True)
+            ]
+        smoothed[:] = observed
         need = max(
-            math.ceil(max(committed, observed) / per_replica)
-            for committed, observed, per_replica in zip(
-                self.committed, self.observed(fleet), capacity, strict=True
-            )
+            math.ceil(max(committed, seen) / per_replica)
+            for committed, seen, per_replica in zip(self.committed, observed, capacity, strict=True)
         )
         history.append((fleet.time, need))
         while history[0][0] < fleet.time - self.stabilisation_s:
