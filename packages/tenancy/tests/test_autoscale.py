@@ -120,6 +120,11 @@ class TestTokenPoolAutoscaler:
         scaler = TokenPoolAutoscaler.for_pool(dump_manifest(small_pool), context=context)
         assert scaler.replica == Resources(100, 1000 * 131_072, 4)
         assert scaler.pool == small_pool
+        # A stack file gives the replica as a mapping, checked as a manifest's resources.
+        given = {"tokens_per_s": 100, "kv_bytes": 400_000, "concurrency": 4}
+        assert TokenPoolAutoscaler.for_pool(small_pool, given).replica == REPLICA
+        with pytest.raises(ValueError, match="replica"):
+            TokenPoolAutoscaler.for_pool(small_pool, {"tokens_per_s": 100, "concurrency": 4})
 
     @pytest.mark.parametrize(
         ("kw", "error", "message"),

@@ -21,7 +21,7 @@ from attrs.validators import instance_of
 
 from kvpolicy.kvmodel import FleetView, ServerContext
 from kvpolicy.tenancy._entitlements import Resources, TokenPool
-from kvpolicy.tenancy._manifest import load_manifest
+from kvpolicy.tenancy._manifest import _resources, load_manifest
 
 __all__ = ["TokenPoolAutoscaler"]
 
@@ -94,7 +94,7 @@ class TokenPoolAutoscaler:
     def for_pool(
         cls,
         pool: TokenPool | Mapping[str, Any] | str | os.PathLike[str],
-        replica: Resources | None = None,
+        replica: Resources | Mapping[str, Any] | None = None,
         min_replicas: int = 1,
         max_replicas: int = 10,
         stabilisation_s: float = 0.0,
@@ -103,7 +103,9 @@ class TokenPoolAutoscaler:
         context: ServerContext | None = None,
     ) -> TokenPoolAutoscaler:
         """The autoscaler of a pool given as a :class:`TokenPool` or a manifest (a mapping
-        or a file), each replica sized as ``replica`` or, without it, as the server of
+        or a file), each replica sized as ``replica`` (:class:`Resources` or a manifest's
+        mapping of them: ``tokens_per_s``, ``kv_bytes`` or ``kv_cache_gib``,
+        ``concurrency``) or, without it, as the server of
         ``context`` (its tokens/s, KV pool in bytes and batch size). The ``token-pool``
         entry point of ``kvpolicy.autoscaling``.
 
@@ -112,6 +114,8 @@ class TokenPoolAutoscaler:
         """
         if not isinstance(pool, TokenPool):
             pool = load_manifest(pool)
+        if isinstance(replica, Mapping):  # a stack file's {tokens_per_s, kv_bytes, ...}
+            replica = _resources(replica, "replica")
         if replica is None:
             if context is None:
                 raise ValueError("'replica' is required without the server's context")
