@@ -226,6 +226,7 @@ def _million() -> dict[str, Any]:
 
 def _million_child() -> None:
     import json
+    import resource
 
     c0 = time.process_time()
     requests = _fleet_workload(64, 1_000_000 // 64).requests
@@ -239,6 +240,7 @@ def _million_child() -> None:
                 "simulate_cpu_s": round(cpu, 1),
                 "simulate_wall_s": round(secs, 1),
                 "completed": res.summary.completed,
+                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             }
         )
     )

@@ -50,6 +50,48 @@ class TestTokenPoolAutoscaler:
         scaler = TokenPoolAutoscaler(small_pool, REPLICA)
         assert scaler.target(FleetView(0.0, up=_up(2), tokens_per_s=450.0)) == 5
 
+    def test_arrivals_show_a_burst_the_fleet_cannot_serve(self, small_pool: TokenPool) -> None:
+        """2 saturated replicas serve 200 tok/s while 5 req/s of 60 + 30 tokens arrive (450
+        tok/s): the demand, not what the short fleet serves, sizes it (5 replicas)."""
+        scaler = TokenPoolAutoscaler(small_pool, REPLICA)
+        view = FleetView(
+            0.0,
+            up=_up(2),
+            tokens_per_s=200.0,
+            arrival_rate=5.0,
+            mean_prompt_tokens=60.0,
+            mean_output_tokens=30.0,
+        )
+        assert scaler.observed(view)[0] == 450.0
+        assert scaler.target(view) == 5
+        # Served above what arrives (a backlog draining) counts as served.
+        assert scaler.observed(FleetView(0.0, tokens_per_s=500.0, arrival_rate=1.0))[0] == 500.0
+
+    def test_scale_down_waits_for_the_window(self, small_pool: TokenPool) -> None:
+        """With a 60 s window the target falls only once the burst is 60 s old; it rises
+        at once; time going back is refused."""
+        scaler = TokenPoolAutoscaler(small_pool, REPLICA, stabilisation_s=60.0)
+        assert scaler.target(FleetView(0.0, tokens_per_s=450.0)) == 5
+        assert scaler.target(FleetView(30.0)) == 5
+        assert scaler.target(FleetView(60.0)) == 5
+        assert scaler.target(FleetView(61.0)) == 2
+        assert scaler.target(FleetView(70.0, tokens_per_s=650.0)) == 7
+        with pytest.raises(ValueError, match="'time' must not go back"):
+            scaler.target(FleetView(69.0))
+        with pytest.raises(ValueError, match="'stabilisation_s'"):
+            TokenPoolAutoscaler(small_pool, REPLICA, stabilisation_s=-1.0)
+
+    def test_burst_decay_averages_what_is_observed(self, small_pool: TokenPool) -> None:
+        """With gamma_b 0.5 a burst of 900 tok/s after 100 counts 500 (5 replicas), then
+        700 and 800 as it lasts (7, 8); the first decision starts the average."""
+        scaler = TokenPoolAutoscaler(small_pool, REPLICA, burst_decay=0.5)
+        assert scaler.target(FleetView(0.0, tokens_per_s=100.0)) == 2
+        assert scaler.target(FleetView(10.0, tokens_per_s=900.0)) == 5
+        assert scaler.target(FleetView(20.0, tokens_per_s=900.0)) == 7
+        assert scaler.target(FleetView(30.0, tokens_per_s=900.0)) == 8
+        with pytest.raises(ValueError, match="'burst_decay'"):
+            TokenPoolAutoscaler(small_pool, REPLICA, burst_decay=1.0)
+
     def test_kv_and_concurrency_burst(self, small_pool: TokenPool) -> None:
         """3 full replicas hold 1.2 MB (3 replicas); 15 requests on them and 5 queued need
         20 slots (5 replicas)."""
@@ -78,6 +120,11 @@ class TestTokenPoolAutoscaler:
         scaler = TokenPoolAutoscaler.for_pool(dump_manifest(small_pool), context=context)
         assert scaler.replica == Resources(100, 1000 * 131_072, 4)
         assert scaler.pool == small_pool
+        # A stack file gives the replica as a mapping, checked as a manifest's resources.
+        given = {"tokens_per_s": 100, "kv_bytes": 400_000, "concurrency": 4}
+        assert TokenPoolAutoscaler.for_pool(small_pool, given).replica == REPLICA
+        with pytest.raises(ValueError, match="replica"):
+            TokenPoolAutoscaler.for_pool(small_pool, {"tokens_per_s": 100, "concurrency": 4})
 
     @pytest.mark.parametrize(
         ("kw", "error", "message"),

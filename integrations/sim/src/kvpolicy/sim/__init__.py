@@ -61,6 +61,7 @@ if _TYPE_CHECKING:
     )
     from kvpolicy.sim._simulate import (
         SimResult,
+        autoscaler_sizing,
         check_config,
         fleet_parts,
         server_capacity,
@@ -120,6 +121,7 @@ _LAZY = {
     "apply_params": "kvpolicy.sim._sweep",
     "attention_recall": "kvpolicy.sim._attention_fit",
     "attention_summary": "kvpolicy.sim._attention_fit",
+    "autoscaler_sizing": "kvpolicy.sim._simulate",
     "build_stack": "kvpolicy.sim._stack",
     "check_config": "kvpolicy.sim._simulate",
     "comparison_table": "kvpolicy.sim._report",
@@ -191,6 +193,7 @@ __all__ = [
     "apply_params",
     "attention_recall",
     "attention_summary",
+    "autoscaler_sizing",
     "build_stack",
     "check_config",
     "comparison_table",

@@ -94,6 +94,10 @@ def pool_capacity_tokens(timing: TimingModel, engine: EngineConfig) -> int:
     return (cap // bs) * bs
 
 
+_NO_BLOCKS: frozenset[int] = frozenset()
+"""The resident blocks of a view that asks for none."""
+
+
 class Engine:
     """Continuous-batching simulator of one GPU serving one workload.
 
@@ -486,6 +490,13 @@ class Server:
         run = self._pending
         return run.next_growth(k) if run is not None else math.inf
 
+    def kv_growth(self, t: float) -> tuple[int, float]:
+        """New KV blocks the pending decode run's requests hold after its iterations over
+        by ``t``, and when the next of its iterations that takes a block ends (``(0,
+        inf)``: none pending)."""
+        run = self._pending
+        return run.growth_by(t) if run is not None else (0, math.inf)
+
     def grown_blocks(self, k: int) -> int:
         """New KV blocks the pending decode run's requests hold after ``k`` of its
         iterations (0 with none pending)."""
@@ -558,7 +569,7 @@ class Server:
             free,
             pool.num_blocks,
             pool.block_size,
-            pool.cached_hashes(among),
+            pool.cached_hashes(among) if among is None or among else _NO_BLOCKS,
             draining,
             age_s,
             tm.model.name,

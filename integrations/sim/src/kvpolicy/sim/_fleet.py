@@ -162,6 +162,7 @@ class _Replica:
         "key",
         "lagged",
         "lagged_until",
+        "num_blocks",
         "requests",
         "rid",
         "server",
@@ -178,6 +179,7 @@ class _Replica:
         self.rid = f"r{index}"
         self.engine = engine
         self.server = server
+        self.num_blocks = server.num_blocks
         self.start = start
         self.up = up
         self.down = math.inf
@@ -222,7 +224,7 @@ class _Replica:
         if k:
             server = self.server
             free = view.free_blocks - server.grown_blocks(k)
-            view = with_free_blocks(view, free, server.num_blocks)
+            view = with_free_blocks(view, free, self.num_blocks)
         return view
 
     def fresh_view(self, now: float, among: Sequence[int]) -> ReplicaView:
@@ -232,9 +234,12 @@ class _Replica:
         of ``among`` is resident."""
         base = self.viewed
         if base is None or now >= self.view_until:
-            k = self.server.run_progress(now)[0]
-            base = self.viewed = self._grown(k)
-            self.view_until = self.server.next_growth(k)
+            grown, self.view_until = self.server.kv_growth(now)
+            base = self.settled_view()
+            if grown:
+                free = base.free_blocks - grown
+                base = with_free_blocks(base, free, self.num_blocks)
+            self.viewed = base
         if not among:
             return base
         hits = self.server.resident_blocks(among)
@@ -360,6 +365,15 @@ class _Run:
         self._live: list[_Replica] = []  # up or provisioning, not stopped, in start order
         self._coming: list[_Replica] = []  # provisioning (up later than now)
         self._by_id: dict[str, _Replica] = {}
+        self._serving_now: list[_Replica] | None = None  # None: to be listed again
+        self._serving_until = math.inf  # when the next replica comes up
+        # The views of the replicas serving as of now (fresh signals, no prefix blocks), in
+        # their order: a replica's is built again only once it changed (dirty) or one of
+        # its iterations took a block (its expiry, on a heap), not for every request.
+        self._board: list[ReplicaView] = []
+        self._slot: dict[int, int] = {}  # replica index -> its place on the board
+        self._dirty: set[int] = set()
+        self._expiry: list[tuple[float, int, int]] = []  # (view_until, index, version)
         self._queue: list[int] = []
         self._knocked: list[float] = []  # when each queued request knocked
         self._now = float(arrivals[0]) if len(reqs) else 0.0
@@ -389,6 +403,7 @@ class _Run:
         r = _Replica(k, engine, server, start, up)
         self._replicas.append(r)
         self._live.append(r)
+        self._serving_now = None
         self._by_id[r.rid] = r
         if up > self._now:
             self._coming.append(r)
@@ -403,14 +418,48 @@ class _Run:
         self._window_served_tokens += req.prompt_len + req.decode_len
 
     def _serving(self) -> list[_Replica]:
-        """Replicas up (draining or not) and not stopped."""
+        """Replicas up (draining or not) and not stopped, listed again only when one
+        starts, comes up or stops (their board of views with them)."""
         now = self._now
-        return [r for r in self._live if r.up <= now]
+        serving = self._serving_now
+        if serving is None or now >= self._serving_until:
+            serving = self._serving_now = [r for r in self._live if r.up <= now]
+            self._serving_until = min((r.up for r in self._live if r.up > now), default=math.inf)
+            self._slot = {r.index: pos for pos, r in enumerate(serving)}
+            self._board = [r.fresh_view(now, ()) for r in serving]
+            self._expiry = [
+                (r.view_until, r.index, r.version) for r in serving if r.view_until < math.inf
+            ]
+            heapq.heapify(self._expiry)
+            self._dirty.clear()
+        return serving
+
+    def _fresh_views(self, now: float) -> list[ReplicaView]:
+        """The serving replicas' views as of ``now`` without prefix blocks (what
+        :meth:`_Replica.fresh_view` gives), rebuilding only those that changed."""
+        self._serving()
+        board, slot, dirty, expiry = self._board, self._slot, self._dirty, self._expiry
+        replicas = self._replicas
+        while expiry and expiry[0][0] <= now:
+            _, k, version = heapq.heappop(expiry)
+            if replicas[k].version == version:
+                dirty.add(k)
+        for k in dirty:
+            pos = slot.get(k)
+            if pos is None:
+                continue
+            r = replicas[k]
+            board[pos] = r.fresh_view(now, ())
+            if r.view_until < math.inf:
+                heapq.heappush(expiry, (r.view_until, k, r.version))
+        dirty.clear()
+        return board
 
     def _stop(self, r: _Replica, at: float) -> None:
         r.down = at
         r.version += 1  # its heap entries go stale
         self._live.remove(r)
+        self._serving_now = None
 
     def _sync(self, r: _Replica) -> None:
         """An idle replica's clock moves on to the front door's last opening (as if moved
@@ -422,6 +471,7 @@ class _Run:
         """``r`` changed: its view is rebuilt when next asked for, its next event re-filed."""
         r.viewed = r.settled = r.lagged = None
         r.version += 1
+        self._dirty.add(r.index)
         if r.down < math.inf:
             return
         if r.server.idle and r.inbox:
@@ -486,7 +536,6 @@ class _Run:
     def _dispatch(self, now: float) -> None:
         if not self._queue:
             return
-        serving = self._serving()
         engine0 = self._replicas[0].engine
         keep: list[int] = []
         knocked: list[float] = []
@@ -496,8 +545,18 @@ class _Run:
             hashes = engine0.hashes(req)
             # Views per request: with no delay each counts the requests just placed.
             if self._delay == 0:
-                views = [r.fresh_view(now, hashes) for r in serving]
+                views = list(self._fresh_views(now))
+                serving = self._serving()
+                if hashes:
+                    for pos, r in enumerate(serving):
+                        hits = r.server.resident_blocks(hashes)
+                        if hits:
+                            base = views[pos]
+                            views[pos] = replace_view(
+                                base, draining=base.draining, signal_age_s=0.0, gpu_blocks=hits
+                            )
             else:
+                serving = self._serving()
                 views = [self._observed(r, now, hashes) for r in serving]
             rid = router.route(
                 RoutingRequest(
@@ -512,21 +571,21 @@ class _Run:
                 keep.append(i)
                 knocked.append(at)
                 continue
-            r = self._by_id.get(rid)
-            if r is None or r.draining or r.down < math.inf or r.up > self._now:
+            chosen = self._by_id.get(rid)
+            if chosen is None or chosen.draining or chosen.down < math.inf or chosen.up > self._now:
                 raise SimError(
                     f"router {type(router).__name__} placed request {req.request_id!r} on "
                     f"{rid!r}, not a serving replica of {sorted(x.rid for x in serving)}"
                 )
             # It joins when its replica's clock reaches the time it knocked (a replica
             # started later joins it at its start): a decode run under way ends there.
-            r.inbox.append((at, i, req))
-            r.requests += 1
-            self._assigned[i] = r.index
-            if r.server.pending:
-                self._settle(r, at)
+            chosen.inbox.append((at, i, req))
+            chosen.requests += 1
+            self._assigned[i] = chosen.index
+            if chosen.server.pending:
+                self._settle(chosen, at)
             else:
-                self._touch(r)
+                self._touch(chosen)
         self._queue = keep
         self._knocked = knocked
 

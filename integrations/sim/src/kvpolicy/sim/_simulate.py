@@ -19,6 +19,7 @@ from kvpolicy.kvmodel import (
     Router,
     ServerContext,
     build,
+    describe,
     get_gpu,
     get_model,
     names,
@@ -36,12 +37,14 @@ from kvpolicy.sim._engine import Engine, ProgressFn, RunRecord, pool_capacity_to
 from kvpolicy.sim._errors import ConfigError
 from kvpolicy.sim._fleet import EngineFactory, Fleet, FleetRecord, summarize_fleet
 from kvpolicy.sim._metrics import Summary, summarize
+from kvpolicy.sim._sizing import server_capacity, slo_capacity, slot_kv_tokens
 from kvpolicy.sim._stack import Stack, build_stack
 from kvpolicy.sim._timing import TimingModel
-from kvpolicy.tenancy import RefreshConfig
+from kvpolicy.tenancy import RefreshConfig, Resources
 
 __all__ = [
     "SimResult",
+    "autoscaler_sizing",
     "check_config",
     "fleet_parts",
     "server_capacity",
@@ -70,30 +73,6 @@ class SimResult:
     """What the workload's loader noted (fallbacks, rows fixed or skipped, pooled clients)."""
     fleet: FleetRecord | None = None
     """The replicas of a fleet run (None: one engine)."""
-
-
-def server_capacity(
-    timing: TimingModel,
-    engine: EngineConfig,
-    capacity_tokens: int,
-    mean_prompt: float = 1024.0,
-    mean_output: float = 256.0,
-) -> float:
-    """Sustained tokens per second of one simulated server at saturation.
-
-    Tokens (prompt and output alike, as seed 004 counts them) per second are the roofline's
-    rate for requests of ``mean_prompt`` and ``mean_output`` tokens:
-    ``B = min(max_batch, capacity / (P + D/2))`` sequences decode together, so a request
-    costs ``D · t_decode(B) / B`` of decode time (``t_decode(B)`` reads the weights and
-    ``B · (P + D/2)`` tokens of KV) plus the compute of its prefill, and the server serves
-    ``(P + D) / cost`` tokens per second.
-    """
-    p, d = max(mean_prompt, 1.0), max(mean_output, 1.0)
-    batch = max(1, min(engine.max_batch, int(capacity_tokens // (p + d / 2))))
-    kv = batch * (p + d / 2)
-    decode = timing.iteration_time(batch, kv, kv)
-    prefill = timing.iteration_time(p, 0, p * (p + 1) / 2) - timing.overhead_s
-    return (p + d) / (d * decode / batch + prefill)
 
 
 def _typical_lengths(requests: Sequence[Request], limit: int) -> tuple[float, float]:
@@ -190,16 +169,61 @@ def check_config(
     return int(engine.check_fits(reqs).sum())
 
 
-def _fleet_policy(field: str, group: Any, choice: PolicyChoice, context: ServerContext) -> Any:
+def _fleet_policy(
+    field: str,
+    group: Any,
+    choice: PolicyChoice,
+    context: ServerContext,
+    sized: dict[str, object] | None = None,
+) -> Any:
+    """Build ``choice`` of ``group``; ``sized`` gives the params the simulator knows (a
+    replica's rate at the SLO) to an implementation that accepts them and was not given
+    them."""
     known = names(group)
     if choice.name not in known:
         raise ConfigError(
             f"{field}: unknown {group.kind} {choice.name!r}; known: {', '.join(known)}"
         )
+    params = dict(choice.params)
+    if sized:
+        accepted = {spec.name for spec in describe(group, choice.name)}
+        for key, value in sized.items():
+            if key in accepted and key not in params:
+                params[key] = value
     try:
-        return build(group, choice.name, choice.params, context=context)
+        return build(group, choice.name, params, context=context)
     except RegistryError as exc:
         raise ConfigError(f"{field}: {exc}") from exc
+
+
+def autoscaler_sizing(
+    requests: Sequence[Request], timing: TimingModel, cfg: StackConfig
+) -> dict[str, object]:
+    """What an autoscaler sizes one replica by, from the time model at the stack's SLO
+    (:func:`~kvpolicy.sim._sizing.slo_capacity` for the workload's typical lengths, the
+    longest 1% aside, each slot holding the KV its requests hold over their time in it):
+    ``per_replica_tokens_per_s`` (the planner's) and ``replica`` (the token pool's
+    tokens/s, KV bytes and concurrency), given to an autoscaler that accepts them when the
+    stack file does not set them."""
+    capacity = pool_capacity_tokens(timing, cfg.engine)
+    limit = min(timing.model.max_context, capacity)
+    prompt, output = _typical_lengths(requests, limit)
+    fits = sorted(
+        (r.total_len, r.prompt_len, r.decode_len) for r in requests if r.total_len <= limit
+    )
+    typical = fits[: max(1, len(fits) - len(fits) // 100)]  # the longest 1% aside, as above
+    slot = slot_kv_tokens((p, d) for _, p, d in typical) or None
+    at_slo = slo_capacity(
+        timing, cfg.engine, capacity, prompt, output, cfg.slo, slot_kv_tokens=slot
+    )
+    return {
+        "per_replica_tokens_per_s": at_slo.tokens_per_s,
+        "replica": Resources(
+            tokens_per_s=at_slo.tokens_per_s,
+            kv_bytes=capacity * timing.model.kv_bytes_per_token(),
+            concurrency=at_slo.concurrency,
+        ),
+    }
 
 
 def _spec(field: str, value: str | None, default: Any, lookup: Any) -> Any:
@@ -253,7 +277,10 @@ def fleet_parts(
     router = _fleet_policy("fleet.router", ROUTING, fleet.router, context)
     autoscaler = None
     if fleet.autoscaler.name != "none":
-        autoscaler = _fleet_policy("fleet.autoscaler", AUTOSCALING, fleet.autoscaler, context)
+        sized = autoscaler_sizing(reqs, first.timing, cfg)
+        autoscaler = _fleet_policy(
+            "fleet.autoscaler", AUTOSCALING, fleet.autoscaler, context, sized
+        )
     gate = None
     if cfg.gateway.name != "none":
         # One gateway for the fleet, sized for the replicas it starts with.

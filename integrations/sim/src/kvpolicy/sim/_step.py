@@ -132,6 +132,28 @@ class DecodeRun:
             self._ends_list = self.ends.tolist()
         return self._ends_list[nxt - 1]
 
+    def growth_by(self, t: float) -> tuple[int, float]:
+        """New KV blocks its requests hold after its iterations that have ended by ``t``
+        (:meth:`blocks_after`), and when the next iteration that takes one ends
+        (:meth:`next_growth`), in one call: what a fresh view of the replica reads."""
+        ends = self._ends_list
+        if ends is None:
+            ends = self._ends_list = self.ends.tolist()
+        suffix, offsets = self._suffix, self._offsets
+        if suffix is None or offsets is None:
+            suffix = self._histogram()
+            offsets = self._offsets
+            assert offsets is not None
+        k = bisect.bisect_right(ends, t)
+        bs = self.block_size
+        q, r = divmod(k, bs)
+        grown = len(self.run) * q + (suffix[bs - r] if r else 0)
+        if not offsets:
+            return grown, math.inf
+        i = bisect.bisect_right(offsets, r)
+        nxt = k - r + (offsets[i] if i < len(offsets) else bs + offsets[0])
+        return grown, ends[nxt - 1] if nxt <= len(ends) else math.inf
+
     def _histogram(self) -> list[int]:
         bs = self.block_size
         count = [0] * (bs + 1)

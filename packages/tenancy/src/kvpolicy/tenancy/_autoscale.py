@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +21,7 @@ from attrs.validators import instance_of
 
 from kvpolicy.kvmodel import FleetView, ServerContext
 from kvpolicy.tenancy._entitlements import Resources, TokenPool
-from kvpolicy.tenancy._manifest import load_manifest
+from kvpolicy.tenancy._manifest import _resources, load_manifest
 
 __all__ = ["TokenPoolAutoscaler"]
 
@@ -32,18 +33,33 @@ def _replicas(_inst: object, attribute: attrs.Attribute[int], value: int) -> Non
         raise ValueError(f"'{attribute.name}' must be >= 1: {value!r}")
 
 
+def _decay(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (0.0 <= value < 1.0):
+        raise ValueError(f"'{attribute.name}' must be in [0, 1): {value!r}")
+
+
+def _seconds(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"'{attribute.name}' must be finite and >= 0: {value!r}")
+
+
 @frozen
 class TokenPoolAutoscaler:
     """Replicas that fund the entitlements' commitments and the observed burst.
 
     Committed is the sum of the baselines of the entitlements whose class honours one
     (reserved: dedicated, guaranteed; time-averaged: elastic); spot and preemptible
-    entitlements are promised nothing. Observed is the fleet's served tokens/s, the KV bytes
-    in use on the replicas up (KV usage times a replica's KV bytes) and their running and
+    entitlements are promised nothing. Observed is what the tenants ask for now: tokens/s
+    the larger of those served and those arriving (each arrival's token budget, its prompt
+    and output, as the gateway charges it: a fleet short of replicas serves no more than
+    its capacity, so what it serves alone never shows a burst above it), the KV bytes in
+    use on the replicas up (KV usage times a replica's KV bytes) and their running and
     waiting requests plus those queued at the front door. Each dimension needs
     ``max(committed, observed)`` (the commitment plus the burst above it) ÷ one replica's
-    capacity, rounded up; the target is the largest, clamped to ``[min_replicas,
-    max_replicas]``.
+    capacity, rounded up (what is observed averaged over the decisions with
+    ``burst_decay``, as seed 004 averages an entitlement's burst); the target is the largest
+    (the largest of the decisions within ``stabilisation_s``), clamped to
+    ``[min_replicas, max_replicas]``.
     """
 
     pool: TokenPool = field(validator=instance_of(TokenPool))
@@ -54,6 +70,18 @@ class TokenPoolAutoscaler:
     """Fewest replicas (the pool's ``minReplicas``, >= 1)."""
     max_replicas: int = field(default=10, validator=_replicas)
     """Most replicas (the pool's ``maxReplicas``, >= ``min_replicas``)."""
+    stabilisation_s: float = field(default=0.0, converter=float, validator=_seconds)
+    """Seconds of past decisions whose largest need sets the target (Kubernetes' HPA
+    scale-down stabilisation, which the pool's Deployment scales under): it rises at once
+    and falls only once the window has passed. 0: the latest decision only (the paper
+    gives no rule for scale-down)."""
+    burst_decay: float = field(default=0.0, converter=float, validator=_decay)
+    """``gamma_b`` of seed 004's burst EWMA (``b(k) = gamma_b * b(k-1) + (1 - gamma_b) *
+    delta(k)``), applied here to what each decision observes in each dimension, so that a
+    brief burst moves the target less than a sustained one (in [0, 1); 0: the latest
+    observation alone). The first decision starts the average at what it observes."""
+    _history: deque[tuple[float, int]] = field(init=False, factory=deque, eq=False, repr=False)
+    _smoothed: list[float] = field(init=False, factory=list, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.min_replicas > self.max_replicas:
@@ -66,14 +94,18 @@ class TokenPoolAutoscaler:
     def for_pool(
         cls,
         pool: TokenPool | Mapping[str, Any] | str | os.PathLike[str],
-        replica: Resources | None = None,
+        replica: Resources | Mapping[str, Any] | None = None,
         min_replicas: int = 1,
         max_replicas: int = 10,
+        stabilisation_s: float = 0.0,
+        burst_decay: float = 0.0,
         *,
         context: ServerContext | None = None,
     ) -> TokenPoolAutoscaler:
         """The autoscaler of a pool given as a :class:`TokenPool` or a manifest (a mapping
-        or a file), each replica sized as ``replica`` or, without it, as the server of
+        or a file), each replica sized as ``replica`` (:class:`Resources` or a manifest's
+        mapping of them: ``tokens_per_s``, ``kv_bytes`` or ``kv_cache_gib``,
+        ``concurrency``) or, without it, as the server of
         ``context`` (its tokens/s, KV pool in bytes and batch size). The ``token-pool``
         entry point of ``kvpolicy.autoscaling``.
 
@@ -82,6 +114,8 @@ class TokenPoolAutoscaler:
         """
         if not isinstance(pool, TokenPool):
             pool = load_manifest(pool)
+        if isinstance(replica, Mapping):  # a stack file's {tokens_per_s, kv_bytes, ...}
+            replica = _resources(replica, "replica")
         if replica is None:
             if context is None:
                 raise ValueError("'replica' is required without the server's context")
@@ -90,7 +124,7 @@ class TokenPoolAutoscaler:
                 kv_bytes=context.kv_capacity_tokens * context.model.kv_bytes_per_token(),
                 concurrency=context.max_batch,
             )
-        return cls(pool, replica, min_replicas, max_replicas)
+        return cls(pool, replica, min_replicas, max_replicas, stabilisation_s, burst_decay)
 
     @property
     def committed(self) -> tuple[float, int, int]:
@@ -105,19 +139,40 @@ class TokenPoolAutoscaler:
 
     def observed(self, fleet: FleetView) -> tuple[float, float, int]:
         """``(tokens_per_s, kv_bytes, concurrency)`` the fleet uses or asks for now."""
+        arriving = fleet.arrival_rate * (fleet.mean_prompt_tokens + fleet.mean_output_tokens)
         kv = math.fsum(r.kv_usage for r in fleet.up) * self.replica.kv_bytes
         conc = sum(r.running + r.waiting for r in fleet.up) + fleet.queued
-        return fleet.tokens_per_s, kv, conc
+        return max(fleet.tokens_per_s, arriving), kv, conc
 
     def target(self, fleet: FleetView) -> int:
-        """The replicas the busiest dimension needs, clamped to the bounds."""
+        """The replicas the busiest dimension needs (the most it needed within
+        ``stabilisation_s``), clamped to the bounds.
+
+        Raises:
+            ValueError: ``fleet.time`` is earlier than the previous decision's.
+        """
         if not isinstance(fleet, FleetView):
             raise TypeError(f"'fleet' must be a FleetView: {fleet!r}")
-        capacity = (self.replica.tokens_per_s, self.replica.kv_bytes, self.replica.concurrency)
-        need = max(
-            math.ceil(max(committed, observed) / per_replica)
-            for committed, observed, per_replica in zip(
-                self.committed, self.observed(fleet), capacity, strict=True
+        history = self._history
+        if history and fleet.time < history[-1][0]:
+            raise ValueError(
+                f"'time' must not go back (last decision at {history[-1][0]}): {fleet.time!r}"
             )
+        capacity = (self.replica.tokens_per_s, self.replica.kv_bytes, self.replica.concurrency)
+        observed = [float(x) for x in self.observed(fleet)]
+        smoothed = self._smoothed
+        if smoothed:
+            g = self.burst_decay
+            observed = [
+                g * old + (1.0 - g) * new for old, new in zip(smoothed, observed, strict=True)
+            ]
+        smoothed[:] = observed
+        need = max(
+            math.ceil(max(committed, seen) / per_replica)
+            for committed, seen, per_replica in zip(self.committed, observed, capacity, strict=True)
         )
+        history.append((fleet.time, need))
+        while history[0][0] < fleet.time - self.stabilisation_s:
+            history.popleft()
+        need = max(count for _, count in history)
         return max(self.min_replicas, min(self.max_replicas, need))
