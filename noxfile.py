@@ -29,9 +29,11 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 
 import nox
@@ -54,12 +56,6 @@ TORCH = f"torch=={TORCH_VERSION}"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 UV = "uv>=0.9"
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-xdist>=3.5"]
-PARALLEL = {"evict", "sim"}
-"""Packages whose tests run on pytest-xdist workers: CPU-bound and independent (each test
-its own tmp_path, model and policy), and long enough to gain (evict 133 s -> 84 s, sim
-72 s -> 52 s on 2 cores). kernels loses (each worker imports torch and Triton: 19 s ->
-42 s); tenancy's fault tests start servers and time their processes."""
-HEAVY_PARALLEL = {"evict", "sim"}
 DEFAULT_MARKS = "not gpu and not quality and not slow and not heavy"
 HEAVY_MARKS = "heavy and not gpu and not quality and not slow"
 """The ``heavy`` tests: seconds of CPU each (the quality harness on the tiny model, replica
@@ -176,10 +172,10 @@ def _torch_dir(session: nox.Session) -> pathlib.Path:
     return target
 
 
-def _site_packages(session: nox.Session) -> pathlib.Path:
+def _site_packages(python: pathlib.Path) -> pathlib.Path:
     code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    out = session.run("python", "-c", code, silent=True)
-    return pathlib.Path(str(out).strip())
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
+    return pathlib.Path(out.stdout.strip())
 
 
 def _install(session: nox.Session, name: str, extras: str = "", *more: str) -> None:
@@ -188,9 +184,18 @@ def _install(session: nox.Session, name: str, extras: str = "", *more: str) -> N
 
 
 def _install_many(session: nox.Session, dists: dict[str, str], *more: str) -> None:
-    """Install the tree's distributions ``dists`` (name -> extras, deps first) and ``more``.
+    """Install the tree's distributions ``dists`` (name -> extras, deps first) and ``more``
+    into the session's venv (see :func:`_install_into`)."""
+    _install_into(session, pathlib.Path(str(session.virtualenv.location)), dists, *more)
 
-    The tree's wheels are installed, then one pip call resolves them with ``more`` (other
+
+def _install_into(
+    session: nox.Session, venv: pathlib.Path, dists: dict[str, str], *more: str
+) -> None:
+    """Install the tree's distributions ``dists`` (name -> extras, deps first) and ``more``
+    into ``venv``.
+
+    The tree's wheels are installed, then one call resolves them with ``more`` (other
     requirements); torch is put on the venv's path only when a distribution or a requested
     extra needs it. Nothing is installed when the venv already holds exactly this (its
     stamp matches).
@@ -203,13 +208,13 @@ def _install_many(session: nox.Session, dists: dict[str, str], *more: str) -> No
         "more": list(more),
         "torch": TORCH if torch else None,
     }
-    venv = pathlib.Path(str(session.virtualenv.location))
+    python = _venv_python(venv)
     stamp = venv / STAMP
     if stamp.exists() and json.loads(stamp.read_text()) == wanted:
         session.log(f"{', '.join(names)}: installed and unchanged, nothing to install")
         return
     stamp.unlink(missing_ok=True)
-    site = _site_packages(session)
+    site = _site_packages(python)
     pth = site / "kvpolicy-torch.pth"
     if torch:
         pth.write_text(f"{_torch_dir(session)}\n")
@@ -219,9 +224,10 @@ def _install_many(session: nox.Session, dists: dict[str, str], *more: str) -> No
     reqs = [f"{wheels[n]}{dists[n]}" for n in names]
     reused = any(site.glob("kvpolicy_*.dist-info"))  # a reused venv: same versions, new sources
     if not _uv_install(session, venv, reqs, list(more), names if reused else [], torch):
+        pip = [str(python), "-m", "pip", "install", *NO_COMPILE]
         if reused:
-            session.install(*NO_COMPILE, "--force-reinstall", "--no-deps", *reqs)
-        session.install(*NO_COMPILE, *reqs, *more)
+            session.run(*pip, "--force-reinstall", "--no-deps", *reqs, external=True)
+        session.run(*pip, *reqs, *more, external=True)
     stamp.write_text(json.dumps(wanted))
 
 
@@ -281,32 +287,96 @@ def _uv_install(
     return True
 
 
-@nox.session
-@nox.parametrize("package", PACKAGES)
-def tests(session: nox.Session, package: str) -> None:
-    """Run one distribution's tests (CPU, no real LLM): installs only what it declares."""
+SLOWEST_FIRST = ["sim", "evict", "tenancy", "kernels", "admit", "tiers", "kvmodel", "vllm"]
+"""Order in which the test runs start (longest first, from the durations measured here), so
+that the side-by-side runs end together."""
+
+
+def _test_venv(session: nox.Session, package: str) -> pathlib.Path:
+    """``.nox/tests-<package>``: the venv of one distribution's tests (with pip, for the
+    fallback), holding only what that distribution declares."""
+    venv = CACHE / f"tests-{package}"
+    if not _venv_python(venv).exists():
+        session.run(sys.executable, "-m", "venv", "--clear", str(venv), external=True)
     meta = tomllib.loads((DIST_DIRS[package] / "pyproject.toml").read_text())
     extras = "[test]" if "test" in meta["project"].get("optional-dependencies", {}) else ""
-    _install(session, package, extras, *TEST_DEPS)
-    workers = min(4, os.cpu_count() or 1) if package in PARALLEL else 0
-    session.run(
-        "pytest",
-        str(DIST_DIRS[package] / "tests"),
-        "-m",
-        DEFAULT_MARKS,
-        "-p",
-        "no:cacheprovider",
-        "-n",
-        str(workers if workers > 1 else 0),
-        *session.posargs,
-        env=_one_thread_each(workers),
-    )
+    dists = {**dict.fromkeys(_kvpolicy_deps(package), ""), package: extras}
+    _install_into(session, venv, dists, *TEST_DEPS)
+    return venv
 
 
-def _one_thread_each(workers: int) -> dict[str, str]:
-    """One math thread per pytest-xdist worker: torch's and BLAS's threads on top of the
-    workers only contend for the cores (15% less CPU for evict's harness tests here)."""
-    return {"OMP_NUM_THREADS": "1"} if workers > 1 else {}
+def _run_side_by_side(session: nox.Session, marks: str, packages: list[str]) -> None:
+    """Install each of ``packages`` in its own venv, then run their pytest processes side by
+    side, one per CPU core (each single-threaded), longest first.
+
+    ``nox -s tests -- evict sim`` picks packages; other arguments go to every pytest. Each
+    run's output goes to ``.nox/logs/<session>-<package>.log``; its summary line is printed
+    as it ends, and the whole log of a run that failed.
+    """
+    chosen = [a for a in session.posargs if a in DIST_DIRS] or packages
+    unknown = [a for a in chosen if a not in packages]
+    if unknown:
+        session.error(f"no {session.name} tests in {', '.join(unknown)}; known: {packages}")
+    args = [a for a in session.posargs if a not in DIST_DIRS]
+    order = sorted(chosen, key=lambda n: SLOWEST_FIRST.index(n) if n in SLOWEST_FIRST else 99)
+    venvs = {n: _test_venv(session, n) for n in order}
+    logs = CACHE / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    slots = max(1, os.cpu_count() or 1)
+    pending, running, failed = list(order), {}, []
+    started: dict[str, float] = {}
+    while pending or running:
+        while pending and len(running) < slots:
+            name = pending.pop(0)
+            venv = venvs[name]
+            env = {
+                **os.environ,
+                "OMP_NUM_THREADS": "1",
+                "VIRTUAL_ENV": str(venv),
+                "PATH": os.pathsep.join([str(_venv_python(venv).parent), os.environ["PATH"]]),
+            }
+            cmd = [
+                str(_venv_python(venv)), "-m", "pytest", str(DIST_DIRS[name] / "tests"),
+                "-m", marks, "-p", "no:cacheprovider", *args,
+            ]  # fmt: skip
+            log = (logs / f"{session.name}-{name}.log").open("w")
+            session.log(f"{name}: {shlex.join(cmd[1:])} > {log.name}")
+            running[name] = (
+                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env),
+                log,
+            )
+            started[name] = time.monotonic()
+        time.sleep(0.2)
+        for name, (proc, log) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            log.close()
+            del running[name]
+            text = pathlib.Path(log.name).read_text(errors="replace")
+            lines = [ln for ln in text.splitlines() if re.search(r" (passed|failed|error)", ln)]
+            took = time.monotonic() - started[name]
+            summary = lines[-1].strip("= ") if lines else f"exit status {proc.returncode}"
+            session.log(f"{name}: {summary} ({took:.0f} s)")
+            if proc.returncode != 0:
+                failed.append(name)
+                print(text, flush=True)
+    if failed:
+        session.error(f"tests failed in {', '.join(failed)} (logs in {logs})")
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """Every distribution's tests but the heavy ones (CPU, no real LLM): each distribution in
+    a venv of its own holding only what it declares, the runs side by side, one per core.
+    ``nox -s tests -- evict`` runs one distribution's."""
+    _run_side_by_side(session, DEFAULT_MARKS, PACKAGES)
+
+
+@nox.session(venv_backend="none")
+def heavy(session: nox.Session) -> None:
+    """The ``heavy`` tests (CI runs them after ``tests``; ``nox -s tests heavy`` runs all the
+    CPU tests), in the venvs of ``tests``."""
+    _run_side_by_side(session, HEAVY_MARKS, _heavy_packages())
 
 
 def _heavy_packages() -> list[str]:
@@ -316,29 +386,6 @@ def _heavy_packages() -> list[str]:
         for n in PACKAGES
         if any("mark.heavy" in f.read_text() for f in (DIST_DIRS[n] / "tests").rglob("*.py"))
     ]
-
-
-@nox.session
-@nox.parametrize("package", _heavy_packages())
-def heavy(session: nox.Session, package: str) -> None:
-    """One distribution's ``heavy`` tests, installed as its ``tests`` session is (CI runs
-    them after ``tests``; ``nox -s tests heavy`` runs everything that CI runs)."""
-    meta = tomllib.loads((DIST_DIRS[package] / "pyproject.toml").read_text())
-    extras = "[test]" if "test" in meta["project"].get("optional-dependencies", {}) else ""
-    _install(session, package, extras, *TEST_DEPS)
-    workers = min(4, os.cpu_count() or 1) if package in HEAVY_PARALLEL else 0
-    session.run(
-        "pytest",
-        str(DIST_DIRS[package] / "tests"),
-        "-m",
-        HEAVY_MARKS,
-        "-p",
-        "no:cacheprovider",
-        "-n",
-        str(workers if workers > 1 else 0),
-        *session.posargs,
-        env=_one_thread_each(workers),
-    )
 
 
 @nox.session
