@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from typing import IO
 
 import nox
 from nox.command import CommandFailed
@@ -306,8 +307,9 @@ def _test_venv(session: nox.Session, package: str) -> pathlib.Path:
 
 
 def _run_side_by_side(session: nox.Session, marks: str, packages: list[str]) -> None:
-    """Install each of ``packages`` in its own venv, then run their pytest processes side by
-    side, one per CPU core (each single-threaded), longest first.
+    """Run the tests of ``packages``, each in a venv of its own, side by side: one pytest
+    process per CPU core (each single-threaded), longest first, each distribution installed
+    when a core frees for it.
 
     ``nox -s tests -- evict sim`` picks packages; other arguments go to every pytest. Each
     run's output goes to ``.nox/logs/<session>-<package>.log``; its summary line is printed
@@ -319,16 +321,38 @@ def _run_side_by_side(session: nox.Session, marks: str, packages: list[str]) -> 
         session.error(f"no {session.name} tests in {', '.join(unknown)}; known: {packages}")
     args = [a for a in session.posargs if a not in DIST_DIRS]
     order = sorted(chosen, key=lambda n: SLOWEST_FIRST.index(n) if n in SLOWEST_FIRST else 99)
-    venvs = {n: _test_venv(session, n) for n in order}
     logs = CACHE / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     slots = max(1, os.cpu_count() or 1)
-    pending, running, failed = list(order), {}, []
+    pending, failed = list(order), []
+    running: dict[str, tuple[subprocess.Popen[bytes], IO[str]]] = {}
+    try:
+        _schedule(session, marks, args, pending, running, failed, slots, logs)
+    finally:
+        for proc, log in running.values():  # an install failed: stop the runs under way
+            proc.kill()
+            log.close()
+    if failed:
+        session.error(f"tests failed in {', '.join(failed)} (logs in {logs})")
+
+
+def _schedule(
+    session: nox.Session,
+    marks: str,
+    args: list[str],
+    pending: list[str],
+    running: dict[str, tuple[subprocess.Popen[bytes], IO[str]]],
+    failed: list[str],
+    slots: int,
+    logs: pathlib.Path,
+) -> None:
+    """The loop of :func:`_run_side_by_side`: a distribution is installed when a core frees
+    for it, so later installs overlap the runs under way."""
     started: dict[str, float] = {}
     while pending or running:
         while pending and len(running) < slots:
             name = pending.pop(0)
-            venv = venvs[name]
+            venv = _test_venv(session, name)
             env = {
                 **os.environ,
                 "OMP_NUM_THREADS": "1",
@@ -360,8 +384,6 @@ def _run_side_by_side(session: nox.Session, marks: str, packages: list[str]) -> 
             if proc.returncode != 0:
                 failed.append(name)
                 print(text, flush=True)
-    if failed:
-        session.error(f"tests failed in {', '.join(failed)} (logs in {logs})")
 
 
 @nox.session(venv_backend="none")
