@@ -68,10 +68,17 @@ class TestLeanRedis:
                 await LeanRedis(closed, 0.5).execute(b"PING")
             client = LeanRedis(url, 0.3)
             assert await client.execute(b"PING") == b"PONG"
+            busy = asyncio.ensure_future(client.execute(b"EVAL", _BUSY, 0))
+            await asyncio.sleep(0.05)
+            echo = asyncio.ensure_future(client.execute(b"ECHO", b"late"))
             with pytest.raises(redis.exceptions.TimeoutError):
-                await client.execute(b"EVAL", _BUSY, 0)
-            await asyncio.sleep(0.5)
-            assert await client.execute(b"PING") == b"PONG"
+                await busy
+            with pytest.raises(redis.exceptions.TimeoutError):
+                await echo
+            await asyncio.sleep(0.5)  # the late answers come and are dropped, in order
+            assert await client.execute(b"ECHO", b"next") == b"next"
+            await client.disconnect(inuse_connections=False)
+            assert await client.execute(b"PING") == b"PONG"  # on a new connection
             redis_proc.stop()  # type: ignore[attr-defined]
             with pytest.raises(redis.exceptions.ConnectionError):
                 await client.execute(b"PING")

@@ -12,8 +12,8 @@ It raises redis-py's exceptions, so that :class:`~kvpolicy.tenancy.RedisLeaseGat
 its failures as it does redis-py's: ``ConnectionError`` when no connection can be made
 (the message says ``connecting to``: nothing was sent) or the connection is lost (the
 command may have run), ``TimeoutError`` when Redis is silent for longer than the timeout
-(the connection is then closed: a late answer would be taken for the next command's),
-``ResponseError`` for an error reply.
+(that command only: its answer, if it comes late, is read and dropped, so that the next
+ones keep their places), ``ResponseError`` for an error reply.
 """
 
 from __future__ import annotations
@@ -165,8 +165,9 @@ def _expire(waiter: asyncio.Future[Any], conn: _Connection, timeout: float) -> N
         return
     from redis import exceptions
 
+    # The command's place in the queue stays: its answer, if it comes, is read and dropped,
+    # and the commands sent after it keep theirs.
     waiter.set_exception(exceptions.TimeoutError(f"Timeout reading from {conn.where}"))
-    conn.close(f"Timeout reading from {conn.where}")  # later answers would be misread
 
 
 class LeanRedis:
@@ -277,8 +278,16 @@ class LeanRedis:
                 conn.transport = None
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
-        """Close the connection (the next call reconnects); commands waiting fail."""
-        self._drop()
+        """The next call reconnects. The connection is closed now (commands waiting fail),
+        or with ``inuse_connections=False`` (as redis-py's pool does after a failure) once
+        the commands waiting on it have their answers or have timed out."""
+        conn = self._conn
+        if inuse_connections or conn is None or all(w.done() for w in conn.waiting):
+            self._drop()
+            return
+        self._conn = None
+        assert self._loop is not None
+        self._loop.call_later(self.timeout_s, conn.close, f"Connection to {self._where} closed.")
 
     async def aclose(self) -> None:
         """Close the connection (the next call reconnects)."""

@@ -17,7 +17,7 @@ Three paths build the same objects, the first that can take a document does:
 
 The first path exists because PyYAML cannot go faster than its event objects: merely
 iterating libyaml's events costs about 2.5 times the 2 s goal at 100,000 entitlements,
-while libyaml itself parses the text in a tenth of that (see the README).
+while libyaml itself parses the text in an eighth of that (see the README).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def load_yaml(text: str, name: str = "<yaml>") -> Any:
 
     A document in plain block style is read line by line, other documents from libyaml's
     parser events (PyYAML's ``CSafeLoader``), each scalar typed by the safe loader's own
-    resolver and constructors: PyYAML's composer and constructor take about 50 times as
+    resolver and constructors: PyYAML's composer and constructor take about 30 times as
     long (100,000 entitlements: see the README). A document that uses what those paths do
     not build themselves (explicit tags, merge keys, several documents, or no libyaml) goes
     through PyYAML's safe constructor with the same rules.
