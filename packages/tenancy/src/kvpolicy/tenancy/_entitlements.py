@@ -165,9 +165,9 @@ _FIELDS = tuple(a.name for a in attrs.fields(TokenEntitlement) if a.name != "ten
 
 
 def renamed(ent: TokenEntitlement, tenant: str) -> TokenEntitlement:
-    """``ent`` for another ``tenant``: what ``attrs.evolve(ent, tenant=tenant)`` gives, at a
-    fifth of its cost (only the name is validated: the rest was when ``ent`` was built), for
-    manifests of many entitlements that differ only in their tenant.
+    """``ent`` for another ``tenant``: what ``attrs.evolve(ent, tenant=tenant)`` gives,
+    validating only the name (the rest was when ``ent`` was built), for manifests of many
+    entitlements that differ only in their tenant.
 
     Raises:
         TypeError, ValueError: ``tenant`` is not a valid name.

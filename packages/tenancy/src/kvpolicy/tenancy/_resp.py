@@ -12,8 +12,9 @@ It raises redis-py's exceptions, so that :class:`~kvpolicy.tenancy.RedisLeaseGat
 its failures as it does redis-py's: ``ConnectionError`` when no connection can be made
 (the message says ``connecting to``: nothing was sent) or the connection is lost (the
 command may have run), ``TimeoutError`` when Redis is silent for longer than the timeout
-(that command only: its answer, if it comes late, is read and dropped, so that the next
-ones keep their places), ``ResponseError`` for an error reply.
+(the commands waiting then: Redis answers in order, so the timeout counts from its last
+answer, not from when a command queued; a late answer is read and dropped, so that the
+next commands keep their places), ``ResponseError`` for an error reply.
 """
 
 from __future__ import annotations
@@ -103,16 +104,46 @@ def _error(text: str) -> Exception:
 
 
 class _Connection(asyncio.Protocol):
-    """One connection: commands written as they come, replies matched to them in order."""
+    """One connection: commands written as they come, replies matched to them in order.
 
-    def __init__(self, where: str) -> None:
+    Redis answers a connection's commands one after the other, so a command queued behind
+    many others waits for them: the timeout is Redis's silence, not a command's age. While
+    commands wait, one timer runs, restarted by every answer; when it expires every command
+    waiting fails with ``TimeoutError`` and keeps its place (a late answer is read and
+    dropped, so that the commands sent later keep theirs)."""
+
+    def __init__(self, where: str, timeout_s: float) -> None:
         self.where = where
+        self.timeout_s = timeout_s
         self.transport: asyncio.Transport | None = None
         self.waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         self.buffer = bytearray()
+        self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def send(self, data: bytes) -> asyncio.Future[Any]:
+        """Write one command; the future of its answer."""
+        assert self.transport is not None
+        waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        self.waiting.append(waiter)
+        if self.timer is None:
+            self._arm()
+        return waiter
+
+    def _arm(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(self.timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        from redis import exceptions
+
+        self.timer = None
+        for waiter in self.waiting:
+            if not waiter.done():
+                waiter.set_exception(exceptions.TimeoutError(f"Timeout reading from {self.where}"))
 
     def data_received(self, data: bytes) -> None:
         buf = self.buffer
@@ -124,7 +155,7 @@ class _Connection(asyncio.Protocol):
                 if not self.waiting:
                     raise ValueError("a reply to no command")
                 waiter = self.waiting.popleft()
-                if not waiter.done():  # else it timed out: the connection is closing
+                if not waiter.done():  # else it timed out or was cancelled: dropped
                     if isinstance(reply, Exception):
                         waiter.set_exception(reply)
                     else:
@@ -135,6 +166,16 @@ class _Connection(asyncio.Protocol):
             self.close(f"garbled answer from {self.where}: {err}")
             return
         del buf[:pos]
+        if pos and self.timer is not None:  # Redis answered: its silence starts again
+            self.timer.cancel()
+            self.timer = None
+        if self.timer is None and not self.idle:
+            self._arm()
+
+    @property
+    def idle(self) -> bool:
+        """No command waits for its answer (timed-out ones aside)."""
+        return all(w.done() for w in self.waiting)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -143,6 +184,9 @@ class _Connection(asyncio.Protocol):
     def fail(self, why: str) -> None:
         from redis import exceptions
 
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         while self.waiting:
             waiter = self.waiting.popleft()
             if not waiter.done():
@@ -158,16 +202,6 @@ class _Connection(asyncio.Protocol):
     @property
     def usable(self) -> bool:
         return self.transport is not None and not self.transport.is_closing()
-
-
-def _expire(waiter: asyncio.Future[Any], conn: _Connection, timeout: float) -> None:
-    if waiter.done():
-        return
-    from redis import exceptions
-
-    # The command's place in the queue stays: its answer, if it comes, is read and dropped,
-    # and the commands sent after it keep theirs.
-    waiter.set_exception(exceptions.TimeoutError(f"Timeout reading from {conn.where}"))
 
 
 class LeanRedis:
@@ -198,6 +232,7 @@ class LeanRedis:
         self._conn: _Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Future[_Connection] | None = None
+        self._retired: list[_Connection] = []  # closed once their commands are answered
         self.connection_pool = self  # what RedisLeaseGate closes after a failure
 
     def register_script(self, script: str) -> LeanScript:
@@ -218,16 +253,7 @@ class LeanRedis:
         return await self._send(conn, data)
 
     async def _send(self, conn: _Connection, data: bytes) -> Any:
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
-        assert conn.transport is not None
-        conn.transport.write(data)
-        conn.waiting.append(waiter)
-        handle = loop.call_later(self.timeout_s, _expire, waiter, conn, self.timeout_s)
-        try:
-            return await waiter
-        finally:
-            handle.cancel()
+        return await conn.send(data)
 
     async def _connect(self) -> _Connection:
         """The connection, made by the first caller that needs one (others wait for it)."""
@@ -256,7 +282,7 @@ class LeanRedis:
         try:
             async with asyncio.timeout(self.timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(where), self.host, self.port
+                    lambda: _Connection(where, self.timeout_s), self.host, self.port
                 )
                 for command in (self._auth, [b"SELECT", self.db] if self.db else None):
                     if command is not None:
@@ -270,8 +296,9 @@ class LeanRedis:
         return conn
 
     def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
+        conns = [*self._retired, *([self._conn] if self._conn is not None else [])]
+        self._conn, self._retired = None, []
+        for conn in conns:
             try:
                 conn.close(f"Connection to {self._where} closed.")
             except RuntimeError:  # its event loop is closed, and its transport with it
@@ -282,12 +309,18 @@ class LeanRedis:
         or with ``inuse_connections=False`` (as redis-py's pool does after a failure) once
         the commands waiting on it have their answers or have timed out."""
         conn = self._conn
-        if inuse_connections or conn is None or all(w.done() for w in conn.waiting):
+        if inuse_connections or conn is None or conn.idle:
             self._drop()
             return
         self._conn = None
+        self._retired = [c for c in self._retired if c.usable] + [conn]
         assert self._loop is not None
-        self._loop.call_later(self.timeout_s, conn.close, f"Connection to {self._where} closed.")
+        self._loop.call_later(self.timeout_s, self._close_retired, conn)
+
+    def _close_retired(self, conn: _Connection) -> None:
+        if conn in self._retired:
+            self._retired.remove(conn)
+            conn.close(f"Connection to {self._where} closed.")
 
     async def aclose(self) -> None:
         """Close the connection (the next call reconnects)."""

@@ -106,7 +106,20 @@ def _typer(yaml: Any) -> Callable[[str], Any]:
     str_tag = "tag:yaml.org,2002:str"
     special = ("tag:yaml.org,2002:merge", "tag:yaml.org,2002:value")
     typed: dict[str, Any] = {}
-    implicit = (True, False)
+    # The resolver's implicit rules by first character, as its resolve() tries them.
+    rules = resolver.yaml_implicit_resolvers
+    wildcard = tuple(rules.get(None, ()))
+    by_first: dict[str, tuple[tuple[str, re.Pattern[str]], ...]] = {}
+
+    def resolve(value: str) -> str:
+        first = value[:1]
+        tried = by_first.get(first)
+        if tried is None:
+            tried = by_first[first] = (*rules.get(first, ()), *wildcard)
+        for tag, rule in tried:
+            if rule.match(value):
+                return str(tag)
+        return str_tag
 
     def plain(value: str) -> Any:
         obj = typed.get(value, typed)
@@ -115,7 +128,7 @@ def _typer(yaml: Any) -> Callable[[str], Any]:
         if _PLAIN_INT.fullmatch(value):
             obj = int(value)
         else:
-            tag = resolver.resolve(scalar_node, value, implicit)
+            tag = resolve(value)
             if tag == str_tag:
                 obj = value
             elif tag in special or tag not in constructors:
@@ -173,6 +186,17 @@ def _block(text: str, plain: Callable[[str], Any]) -> Any:
         indent, col, key, value = info
         # Most lines are a key of the innermost mapping, or the first of a mapping opened
         # by the key before; the loop below handles every line.
+        if (
+            not waiting
+            and indent == top_indent
+            and col == indent
+            and type(top) is dict
+            and key is not _NONE
+            and value is not _NONE
+            and key not in top
+        ):
+            top[key] = _fresh(value) if value is _LIST or value is _DICT else value
+            continue
         if col == indent and key is not _NONE:
             if waiting and indent > top_indent:
                 waiting = False
