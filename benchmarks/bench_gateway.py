@@ -23,6 +23,13 @@
   that answers at once: the gateway's own cost, without the simulated server's iterations
   (a request waits for the iteration under way, so its latency moves with the timing of its
   arrival and with what else runs on the cores).
+  ``overhead_p50_ms_instant_backend_redis``: the same through a gateway over a
+  ``RedisLeaseGate``. ``gateway_cpu_ms_per_request_instant_backend`` (``_redis``): the
+  gateway process's CPU time per request over those paced runs (on a shared machine,
+  steadier than latencies). ``--overhead-only`` runs just the overhead figures (these, the
+  simulated backend's, and the fleet's at 1 and 4 backends) into
+  ``bench_gateway_overhead.json``; ``load_average_before`` / ``_after``: the machine's
+  load averages around them.
 * ``upstream_client_cpu_us_per_request`` / ``httpcore_client_cpu_us_per_request``: CPU of
   the client process per request, sequential POSTs on one kept-alive connection to the
   instant upstream, with the gateway's hand-written client and with httpcore (median of 3
@@ -450,23 +457,34 @@ def _paired_p50s(direct: str, via: str, n: int, rate: float, rounds: int) -> lis
     return p50s
 
 
-def bench_overhead_instant(n: int, rate: float, rounds: int) -> dict[str, Any]:
+def bench_overhead_instant(
+    n: int, rate: float, rounds: int, redis_url: str | None = None
+) -> dict[str, Any]:
     """Gateway overhead in front of an upstream that answers at once (``_INSTANT``), paced
-    at ``rate``: the gateway's own cost, the same way as :func:`bench_overhead`."""
+    at ``rate``: the gateway's own cost, the same way as :func:`bench_overhead`; with
+    ``redis_url`` through a gateway over a ``RedisLeaseGate`` (``..._redis``). Also the
+    gateway process's CPU time per request over the paced runs (``gateway_cpu_ms_...``:
+    on a shared machine steadier than latencies)."""
     be_port, gw_port = _free_port(), _free_port()
     procs = [_start([_INSTANT, str(be_port)], be_port)]
+    tag = "" if redis_url is None else "_redis"
     try:
-        procs.append(_start([_GATEWAY, str(gw_port), f"http://127.0.0.1:{be_port}"], gw_port))
+        args = [_GATEWAY, str(gw_port), f"http://127.0.0.1:{be_port}"]
+        procs.append(_start([*args, *([redis_url] if redis_url else [])], gw_port))
         direct = f"http://127.0.0.1:{be_port}/v1/completions"
         via = f"http://127.0.0.1:{gw_port}/v1/completions"
+        asyncio.run(_paced(via, 200, rate))  # warm up (a Redis gate loads its scripts)
+        cpu0 = _cpu_s(procs[-1].pid)
         p50s = _paired_p50s(direct, via, n, rate, rounds)
+        cpu_ms = (_cpu_s(procs[-1].pid) - cpu0) * 1e3 / (n * rounds)
     finally:
         for proc in reversed(procs):
             proc.terminate()
             proc.wait(10)
     return {
-        "overhead_p50_ms_instant_backend": _pct(p50s, 0.5),
-        "overhead_p50_ms_instant_backend_rounds": [round(v, 3) for v in p50s],
+        f"overhead_p50_ms_instant_backend{tag}": _pct(p50s, 0.5),
+        f"overhead_p50_ms_instant_backend{tag}_rounds": [round(v, 3) for v in p50s],
+        f"gateway_cpu_ms_per_request_instant_backend{tag}": cpu_ms,
     }
 
 
@@ -674,12 +692,15 @@ def _has(module: str) -> bool:
 
 
 def main() -> None:
-    args = parse_args(
-        __doc__ or "",
-        lambda p: p.add_argument(
-            "--fleet-only", action="store_true", help="only the fleet figures (issue 26)"
-        ),
-    )
+    def more(p: Any) -> None:
+        p.add_argument("--fleet-only", action="store_true", help="only the fleet figures")
+        p.add_argument(
+            "--overhead-only",
+            action="store_true",
+            help="only the overhead figures (1 and 4 backends), into bench_gateway_overhead.json",
+        )
+
+    args = parse_args(__doc__ or "", more)
     n = 5_000 if args.quick else 50_000
     figures: dict[str, Any] = {"cpu_cores": os.cpu_count()}
     if args.fleet_only:
@@ -693,7 +714,8 @@ def main() -> None:
             print(f"{key}: {value}")
         print(path)
         return
-    figures.update(bench_in_process(n))
+    if not args.overhead_only:
+        figures.update(bench_in_process(n))
     binary = shutil.which("redis-server")
     missing = [m for m in ("redis", "uvicorn", "httptools") if not _has(m)]
     if not _has("kvpolicy.sim"):
@@ -716,24 +738,28 @@ def main() -> None:
             )
             _wait_port(port, server)
             url = f"redis://127.0.0.1:{port}/0"
-            figures.update(bench_redis(url, n // 5))
-            figures.update(bench_redis_contended(url, n // 5))
-            figures.update(bench_replicas(url, 2_500 if args.quick else 10_000))
+            if not args.overhead_only:
+                figures.update(bench_redis(url, n // 5))
+                figures.update(bench_redis_contended(url, n // 5))
+                figures.update(bench_replicas(url, 2_500 if args.quick else 10_000))
         if not missing:
-            figures.update(
-                bench_overhead(
-                    500 if args.quick else 2_000, (100.0, 300.0, 500.0), 1 if args.quick else 3, url
-                )
-            )
-            figures.update(
-                bench_overhead_instant(500 if args.quick else 2_000, 500.0, 1 if args.quick else 3)
-            )
-            figures.update(bench_clients(1_000 if args.quick else 5_000, 3))
+            figures["load_average_before"] = os.getloadavg()
+            count, rounds = (500, 1) if args.quick else (2_000, 3)
+            figures.update(bench_overhead(count, (100.0, 300.0, 500.0), rounds, url))
+            for redis_url in (None, url) if url else (None,):
+                figures.update(bench_overhead_instant(count, 500.0, rounds, redis_url))
+            if args.overhead_only:
+                for backends in (1, 4):
+                    figures.update(bench_fleet_overhead(count, 500.0, rounds, backends))
+            else:
+                figures.update(bench_clients(1_000 if args.quick else 5_000, 3))
+            figures["load_average_after"] = os.getloadavg()
     finally:
         if server is not None:
             server.terminate()
             server.wait(10)
-    path = write_result("bench_gateway", figures, args.out)
+    name = "bench_gateway_overhead" if args.overhead_only else "bench_gateway"
+    path = write_result(name, figures, args.out)
     for key, value in figures.items():
         print(f"{key}: {value}")
     print(path)

@@ -4,11 +4,14 @@
   elastic entitlements (100,000; 10,000 with ``--quick``), best of ``rounds`` (3), the
   same pool written as YAML (block style, as people write manifests) and as JSON. Goal:
   YAML under 2 s at 100,000.
-* ``yaml_parse_s``: ``load_yaml`` alone (the objects, before validation);
+* ``yaml_parse_s``: ``load_yaml`` alone (the objects, before validation; the block-style
+  path, line by line); ``yaml_events_parse_s``: the same document through ``load_yaml``'s
+  second path, built from libyaml's events (what a document outside plain block style
+  costs, and what every YAML document cost before the block path);
   ``pyyaml_safe_load_s``: PyYAML's ``yaml.load`` with libyaml's ``CSafeLoader`` on the same
   text (what a safe loader costs without kvpolicy's fast path, and without its rules);
   ``libyaml_events_s``: only iterating libyaml's events through PyYAML, the floor of any
-  loader built on PyYAML; ``json_parse_s``: ``json.loads``, the same for JSON.
+  loader built on PyYAML's events; ``json_parse_s``: ``json.loads``, the same for JSON.
 * ``yaml_over_json``: ``yaml_load_s / json_load_s`` in this run.
 """
 
@@ -28,6 +31,7 @@ import yaml
 from _harness import parse_args, write_result
 
 from kvpolicy.tenancy import load_manifest, load_yaml
+from kvpolicy.tenancy._yaml import _from_events, _typer
 
 
 def _manifest(n: int) -> dict[str, Any]:
@@ -67,6 +71,7 @@ def main() -> None:
         jpath.write_text(json.dumps(doc))
         ytext, jtext = ypath.read_text(), jpath.read_text()
         assert load_yaml(ytext) == doc  # the fast path builds what was written
+        assert _from_events(yaml, ytext, "pool.yaml", _typer(yaml)) == doc
         assert len(load_manifest(ypath).entitlements) == n
 
         def events() -> None:
@@ -80,6 +85,9 @@ def main() -> None:
             "yaml_load_s": _best(rounds, lambda: load_manifest(ypath)),
             "json_load_s": _best(rounds, lambda: load_manifest(jpath)),
             "yaml_parse_s": _best(rounds, lambda: load_yaml(ytext)),
+            "yaml_events_parse_s": _best(
+                1, lambda: _from_events(yaml, ytext, "pool.yaml", _typer(yaml))
+            ),
             "json_parse_s": _best(rounds, lambda: json.loads(jtext)),
             "libyaml_events_s": _best(rounds, events),
             "pyyaml_safe_load_s": _best(1, lambda: yaml.load(ytext, Loader=yaml.CSafeLoader)),

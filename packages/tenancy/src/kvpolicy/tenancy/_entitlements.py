@@ -160,6 +160,27 @@ class TokenEntitlement:
         return prompt_len + self.max_output_tokens
 
 
+_TENANT = attrs.fields(TokenEntitlement).tenant
+_FIELDS = tuple(a.name for a in attrs.fields(TokenEntitlement) if a.name != "tenant")
+
+
+def renamed(ent: TokenEntitlement, tenant: str) -> TokenEntitlement:
+    """``ent`` for another ``tenant``: what ``attrs.evolve(ent, tenant=tenant)`` gives,
+    validating only the name (the rest was when ``ent`` was built), for manifests of many
+    entitlements that differ only in their tenant.
+
+    Raises:
+        TypeError, ValueError: ``tenant`` is not a valid name.
+    """
+    _name(ent, _TENANT, tenant)
+    new = object.__new__(TokenEntitlement)
+    setattr_ = object.__setattr__  # frozen: as attrs's own __init__ sets its fields
+    setattr_(new, "tenant", tenant)
+    for name in _FIELDS:
+        setattr_(new, name, getattr(ent, name))
+    return new
+
+
 def _entitlements(value: Iterable[TokenEntitlement]) -> tuple[TokenEntitlement, ...]:
     return tuple(value)
 

@@ -6,7 +6,6 @@ import json
 import math
 import os
 import pathlib
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,12 +16,14 @@ from kvpolicy.tenancy._entitlements import (
     TokenPool,
     _short,
     over_capacity,
+    renamed,
 )
 from kvpolicy.tenancy._errors import ManifestError
 from kvpolicy.tenancy._gate import GateConfig, TokenPoolGate
 from kvpolicy.tenancy._lease import RedisLeaseGate
 from kvpolicy.tenancy._math import PriorityCoefficients
 from kvpolicy.tenancy._store import StateStore
+from kvpolicy.tenancy._yaml import load_yaml, paused_gc
 
 __all__ = ["dump_manifest", "load_gate", "load_lease_gate", "load_manifest", "load_yaml"]
 
@@ -74,20 +75,8 @@ def _require(value: Mapping[str, Any], key: str, where: str) -> Any:
     return value[key]
 
 
-def _resources(value: object, where: str, seen: dict[Any, Resources] | None = None) -> Resources:
-    """``value`` as Resources; ``seen`` shares one object among equal ones (a large
-    manifest repeats a few baselines many times)."""
-    if seen is not None and isinstance(value, dict) and len(value) == 3:
-        try:
-            key = tuple(sorted(value.items()))
-            hash(key)
-        except TypeError:
-            key = None
-        if key is not None:
-            got = seen.get(key)
-            if got is None:
-                got = seen[key] = _resources(value, where)
-            return got
+def _resources(value: object, where: str) -> Resources:
+    """``value`` as Resources."""
     m = _mapping(value, where)
     _keys(m, _RESOURCE_KEYS, where)
     if "kv_bytes" in m and "kv_cache_gib" in m:
@@ -115,18 +104,16 @@ def _resources(value: object, where: str, seen: dict[Any, Resources] | None = No
         raise _err(where, err) from err
 
 
-def _entitlement(
-    value: object, where: str, seen: dict[Any, Resources] | None = None
-) -> TokenEntitlement:
+def _entitlement(value: object, where: str) -> TokenEntitlement:
     m = _mapping(value, where)
     _keys(m, _ENTITLEMENT_KEYS, where)
     kwargs: dict[str, Any] = {
         "tenant": _require(m, "tenant", where),
         "service_class": _require(m, "service_class", where),
-        "baseline": _resources(_require(m, "baseline", where), f"{where}.baseline", seen),
+        "baseline": _resources(_require(m, "baseline", where), f"{where}.baseline"),
     }
     if m.get("burst") is not None:
-        kwargs["burst"] = _resources(m["burst"], f"{where}.burst", seen)
+        kwargs["burst"] = _resources(m["burst"], f"{where}.burst")
     for key in ("slo_target_s", "max_output_tokens"):
         if key in m:
             kwargs[key] = m[key]
@@ -134,6 +121,65 @@ def _entitlement(
         return TokenEntitlement(**kwargs)
     except (TypeError, ValueError) as err:
         raise _err(where, err) from err
+
+
+class _Quick:
+    """Entitlements of a large manifest at less cost per entry: equal baselines and bursts
+    (a large manifest repeats a few) become one :class:`Resources`, built once, and an
+    error's path is only written when there is an error."""
+
+    def __init__(self) -> None:
+        self._resources: dict[Any, Resources] = {}
+        self._templates: dict[Any, TokenEntitlement] = {}
+
+    def resources(self, value: object) -> Resources | None:
+        """``value`` as Resources, shared with equal ones; ``None`` when it is not valid."""
+        if type(value) is not dict:
+            return None
+        values = tuple(value.values())
+        # The types too: True == 1 and 1.0 == 1, but neither is a valid count.
+        key = (tuple(value), tuple(map(type, values)), values)
+        try:
+            got = self._resources.get(key)
+        except TypeError:  # an unhashable value: not valid
+            return None
+        if got is None:
+            try:
+                got = self._resources[key] = _resources(value, "")
+            except ManifestError:
+                return None
+        return got
+
+    def entitlement(self, value: object) -> TokenEntitlement | None:
+        """``value`` as an entitlement; ``None`` when it is not valid (then
+        :func:`_entitlement` names what is wrong). Entitlements equal but for their tenant
+        are copies of the first, their names validated."""
+        if type(value) is not dict or not value.keys() <= _ENTITLEMENT_KEYS:
+            return None
+        get = value.get
+        baseline = self.resources(get("baseline"))
+        burst = get("burst")
+        if burst is not None:
+            burst = self.resources(burst)
+            if burst is None:
+                return None
+        tenant = get("tenant")
+        if baseline is None or tenant is None:
+            return None
+        rest = [get(k, _Quick) for k in _REST]
+        key = (id(baseline), id(burst), *rest, *map(type, rest))
+        try:
+            template = self._templates.get(key)
+            if template is not None:
+                return renamed(template, tenant)
+            kwargs = dict(value, baseline=baseline, burst=burst)
+            template = self._templates[key] = TokenEntitlement(**kwargs)
+        except (TypeError, ValueError):  # TypeError: also an unhashable value
+            return None
+        return template
+
+
+_REST = ("service_class", "slo_target_s", "max_output_tokens")  # the fields but the tenant's
 
 
 def load_manifest(source: Mapping[str, Any] | str | os.PathLike[str]) -> TokenPool:
@@ -170,17 +216,25 @@ def load_manifest(source: Mapping[str, Any] | str | os.PathLike[str]) -> TokenPo
     raw = m.get("entitlements", [])
     if not isinstance(raw, list | tuple):
         raise ManifestError(f"entitlements must be a list: {_short(raw)}")
-    seen: dict[Any, Resources] = {}
-    ents = [_entitlement(e, f"entitlements[{i}]", seen) for i, e in enumerate(raw)]
+    quick = _Quick()
+    with paused_gc():
+        ents = [
+            quick.entitlement(e) or _entitlement(e, f"entitlements[{i}]") for i, e in enumerate(raw)
+        ]
     default = _default(m)
     window = _config(m).window_s
+    checked: set[tuple[int, int]] = set()  # (id of the limits, max_output_tokens) passed
     for i, ent in enumerate([*ents, *([default] if default else [])]):
+        key = (id(ent.limits), ent.max_output_tokens)  # the limits are shared (_Quick)
+        if key in checked:
+            continue
         where = "default" if i == len(ents) else f"entitlements[{i}]"
         _check_fundable(ent, capacity, window, where)
         try:
             over_capacity(i, ent, capacity)
         except ValueError as err:
             raise ManifestError(str(err).replace(f"'entitlements[{i}]", f"'{where}")) from None
+        checked.add(key)
     try:
         return TokenPool(name=_require(pool, "name", "pool"), capacity=capacity, entitlements=ents)
     except (TypeError, ValueError) as err:
@@ -294,180 +348,6 @@ def _read(path: pathlib.Path) -> Any:
     if suffix in (".yaml", ".yml"):
         return load_yaml(text, str(path))
     raise ManifestError(f"manifest must end in .json, .yaml or .yml: {str(path)!r}")
-
-
-def load_yaml(text: str, name: str = "<yaml>") -> Any:
-    """Parse YAML ``text`` (``name``: where it came from, for errors) as PyYAML's safe
-    loader would, refusing aliases (an alias bomb expands exponentially, and rendering it in
-    an error takes gigabytes) and duplicate keys (which YAML resolves silently, the last
-    winning).
-
-    The objects are built straight from the events of libyaml's parser (PyYAML's
-    ``CSafeLoader``), each scalar typed by the safe loader's own resolver and constructors:
-    PyYAML's composer and constructor take about 15 times as long (100,000 entitlements:
-    see the README). A document that uses what that path does not build itself (explicit
-    tags, merge keys, several documents, or no libyaml) goes through PyYAML's safe
-    constructor with the same rules.
-
-    Raises:
-        ManifestError: PyYAML is missing, the text is not YAML, or it has an alias or a
-            duplicate key (named with its line); the message never renders the document.
-    """
-    try:
-        import yaml
-    except ImportError as err:
-        raise ManifestError(
-            "YAML needs PyYAML: pip install --find-links dist 'kvpolicy-tenancy[yaml]'"
-        ) from err
-    try:
-        if hasattr(yaml, "CSafeLoader"):
-            try:
-                return _from_events(yaml, text, name)
-            except _UnusualError:
-                pass
-        return _load_yaml_safely(yaml, text, name)
-    except yaml.YAMLError as err:
-        raise ManifestError(f"manifest {name!r} is not YAML: {_short(str(err))}") from err
-
-
-class _UnusualError(Exception):
-    """The document needs PyYAML's own constructor (explicit tags, merge keys, ...)."""
-
-
-_PLAIN_INT = re.compile(r"-?[1-9][0-9]*|0")
-
-
-def _from_events(yaml: Any, text: str, name: str) -> Any:
-    """Build the single document of ``text`` from libyaml's events (see :func:`load_yaml`)."""
-    resolver = yaml.resolver.Resolver()
-    constructor = yaml.constructor.SafeConstructor()
-    constructors = constructor.yaml_constructors
-    scalar_node = yaml.ScalarNode
-    str_tag = "tag:yaml.org,2002:str"
-    special = ("tag:yaml.org,2002:merge", "tag:yaml.org,2002:value")
-    scalar_event, alias_event = yaml.ScalarEvent, yaml.AliasEvent
-    map_start, map_end = yaml.MappingStartEvent, yaml.MappingEndEvent
-    seq_start, seq_end = yaml.SequenceStartEvent, yaml.SequenceEndEvent
-    doc_start = yaml.DocumentStartEvent
-    typed: dict[str, Any] = {}  # plain scalar -> its value, for repeated ones
-    # One frame per open collection: [container, key (mappings; _NO_KEY before a key)].
-    no_key = _NO_KEY
-    stack: list[list[Any]] = []
-    root: Any = None
-    documents = 0
-    for event in yaml.parse(text, Loader=yaml.CSafeLoader):
-        cls = type(event)
-        if cls is scalar_event:
-            value = event.value
-            tag = event.tag
-            if tag is not None and tag != "!":
-                raise _UnusualError
-            if not event.implicit[0]:  # quoted or a block: a string
-                obj: Any = value
-            elif value in typed:  # the same plain scalar as before (keys, classes, ...)
-                obj = typed[value]
-            elif _PLAIN_INT.fullmatch(value):
-                obj = int(value)
-            else:
-                tag = resolver.resolve(scalar_node, value, event.implicit)
-                if tag == str_tag:
-                    obj = value
-                elif tag in special or tag not in constructors:
-                    raise _UnusualError
-                else:
-                    obj = constructors[tag](constructor, scalar_node(tag, value))
-                if len(typed) < 4096 and len(value) <= 64:  # immutable scalars only
-                    typed[value] = obj
-        elif cls is map_start or cls is seq_start:
-            if event.tag is not None and event.tag != "!":
-                raise _UnusualError
-            obj = {} if cls is map_start else []
-        elif cls is map_end or cls is seq_end:
-            obj = stack.pop()[0]
-            if not stack:
-                root = obj
-                continue
-            frame = stack[-1]
-            container = frame[0]
-            if type(container) is list:
-                container.append(obj)
-            else:  # a collection as a value (a collection as a key is refused on its start)
-                container[frame[1]] = obj
-                frame[1] = no_key
-            continue
-        elif cls is alias_event:
-            raise ManifestError(
-                f"manifest {name!r}: YAML aliases are not allowed{event.start_mark}"
-            )
-        else:
-            if cls is doc_start:
-                documents += 1
-                if documents > 1:
-                    raise _UnusualError  # PyYAML's own error names the second document
-            continue
-        if not stack:
-            if type(obj) is dict or type(obj) is list:
-                stack.append([obj, no_key])
-            else:
-                root = obj
-            continue
-        frame = stack[-1]
-        container = frame[0]
-        if type(container) is list:
-            if type(obj) is dict or type(obj) is list:
-                stack.append([obj, no_key])
-            else:
-                container.append(obj)
-        elif frame[1] is no_key:  # a key
-            if type(obj) is dict or type(obj) is list:
-                raise ManifestError(f"manifest {name!r}: a key must be a scalar{event.start_mark}")
-            try:
-                dup = obj in container
-            except TypeError:  # an unhashable key (a float NaN hashes; a set would not)
-                raise _UnusualError from None
-            if dup:
-                raise ManifestError(
-                    f"manifest {name!r}: duplicate key {_short(obj)}{event.start_mark}"
-                )
-            frame[1] = obj
-        elif type(obj) is dict or type(obj) is list:
-            stack.append([obj, no_key])
-        else:
-            container[frame[1]] = obj
-            frame[1] = no_key
-    return root
-
-
-_NO_KEY = object()
-
-
-def _load_yaml_safely(yaml: Any, text: str, name: str) -> Any:
-    """PyYAML's safe constructor (libyaml's parser when there is one), aliases and
-    duplicate keys refused."""
-    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-    class Loader(base):  # type: ignore[misc, valid-type]
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                if isinstance(key, list | dict):
-                    where = key_node.start_mark
-                    raise ManifestError(f"manifest {name!r}: a key must be a scalar{where}")
-                if key in seen:
-                    raise ManifestError(
-                        f"manifest {name!r}: duplicate key {_short(key)}{key_node.start_mark}"
-                    )
-                seen.add(key)
-            return super().construct_mapping(node, deep)
-
-    if "*" in text:  # an alias is written *name: look for one only then
-        for event in yaml.parse(text, Loader=base):
-            if isinstance(event, yaml.AliasEvent):
-                raise ManifestError(
-                    f"manifest {name!r}: YAML aliases are not allowed{event.start_mark}"
-                )
-    return yaml.load(text, Loader=Loader)  # a safe loader, see above
 
 
 def _dump_resources(r: Resources) -> dict[str, Any]:

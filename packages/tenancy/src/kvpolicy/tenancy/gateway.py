@@ -692,10 +692,13 @@ class Admission:
             tail = ticket.tail + chunk if ticket.tail else chunk
             ticket.tail = tail[-_TAIL:]
             for name, raw in _USAGE_RE.findall(ticket.tail):
-                try:
-                    value: Any = json.loads(raw)
-                except ValueError:
-                    value = raw.decode("latin-1")
+                if raw.isdigit():  # the usual count, without the JSON parser
+                    value: Any = int(raw)
+                else:
+                    try:
+                        value = json.loads(raw)
+                    except ValueError:
+                        value = raw.decode("latin-1")
                 self._report(ticket, name.decode(), value)
             return
         data = ticket.partial + chunk if ticket.partial else chunk
