@@ -261,6 +261,22 @@ class TestWeighted:
 TABLE_2 = [(300, 5, 0.25), (300, 10, 0.25), (300, 6, 0.25), (300, 12, 0.25)]
 
 
+class TestReadsKVUsage:
+    def test_declarations(self) -> None:
+        """Only least-KV and a weighted router with a KV scorer (or a choice of one) read
+        the views' KV memory."""
+        from kvpolicy.kvmodel import reads_kv_usage
+
+        assert not reads_kv_usage(RoundRobinRouter())
+        assert not reads_kv_usage(LeastRequestsRouter())
+        assert not reads_kv_usage(PrefixAwareRouter())
+        assert reads_kv_usage(LeastKVRouter())
+        assert reads_kv_usage(WeightedRouter())
+        assert not reads_kv_usage(WeightedRouter({"prefix": 1, "queue": 1, "requests": 1}))
+        assert reads_kv_usage(WeightedRouter([(ChoiceScorer(LeastKVRouter()), 1.0)]))
+        assert not reads_kv_usage(WeightedRouter([(ChoiceScorer(RoundRobinRouter()), 1.0)]))
+
+
 class TestMixing:
     def test_fractions_from_plan_routing(self) -> None:
         """Seed 002's Table 2 classes on two replicas: the plan's fractions, exactly."""

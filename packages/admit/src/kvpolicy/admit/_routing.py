@@ -23,7 +23,14 @@ from attrs import define, field, frozen
 
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
-from kvpolicy.kvmodel import ReplicaView, Router, RoutingRequest, reads_prefix_blocks
+from kvpolicy.kvmodel import (
+    ReplicaView,
+    ReplicaViews,
+    Router,
+    RoutingRequest,
+    reads_kv_usage,
+    reads_prefix_blocks,
+)
 
 __all__ = [
     "DEFAULT_TIER_WEIGHTS",
@@ -57,6 +64,9 @@ def eligible_replicas(
 ) -> tuple[ReplicaView, ...]:
     """The replicas of ``replicas`` that may take a new request (not draining), in order.
 
+    A :class:`ReplicaViews` was checked when it was made and is taken as it is (returned
+    itself when none drains); any other sequence is checked item by item.
+
     Raises:
         TypeError: ``request`` is not a :class:`RoutingRequest`, or an item of ``replicas``
             is not a :class:`ReplicaView`.
@@ -64,6 +74,11 @@ def eligible_replicas(
     """
     if not isinstance(request, RoutingRequest):
         raise TypeError(f"'request' must be a RoutingRequest: {request!r}")
+    if type(replicas) is ReplicaViews:  # checked when made (or a fleet's own): as it is
+        for view in replicas:
+            if view.draining:
+                return tuple([view for view in replicas if not view.draining])
+        return replicas
     # The common case checked in one comprehension (a routing decision at 64 replicas
     # spends its budget of tens of microseconds here otherwise): a list or tuple of plain
     # ReplicaView with unique ids is one whose set of plain views' ids is as large as it.
@@ -156,6 +171,8 @@ class RoundRobinRouter:
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     _next: int = field(init=False, default=0)
 
@@ -192,6 +209,8 @@ class RandomRouter(_Seeded):
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """A uniformly drawn eligible replica."""
@@ -207,6 +226,8 @@ class LeastRequestsRouter:
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The least-loaded eligible replica, the first in the list on a tie."""
@@ -236,6 +257,8 @@ class PowerOfTwoRouter(_Seeded):
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """Of two distinct drawn replicas, the one with fewer outstanding requests (the first
@@ -256,6 +279,9 @@ class PrefixAwareRouter:
     prompt's first block, the least-requests replica takes it (AIBrix's prefix-cache router
     with its least-request fallback).
     """
+
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
@@ -302,6 +328,9 @@ def _min_max(values: Sequence[int]) -> tuple[float, ...]:
 class PrefixScorer:
     """Tier-weighted matched ÷ total prompt blocks (llm-d's prefix-cache scorer)."""
 
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
+
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
     _order: tuple[tuple[float, str], ...] = field(init=False, repr=False, eq=False)
@@ -323,6 +352,8 @@ class QueueScorer:
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``(max - waiting) / (max - min)`` over the replicas; 1 for all when equal."""
@@ -335,6 +366,8 @@ class RequestsScorer:
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``(max - outstanding) / (max - min)`` over the replicas; 1 for all when equal."""
@@ -370,6 +403,11 @@ class ChoiceScorer:
     def reads_prefix_blocks(self) -> bool:
         """Whether its router reads the views' prefix blocks."""
         return reads_prefix_blocks(self.router)
+
+    @property
+    def reads_kv_usage(self) -> bool:
+        """Whether its router reads the views' KV memory."""
+        return reads_kv_usage(self.router)
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """1.0 for ``router``'s choice among ``replicas``, 0.0 for the rest."""
@@ -436,6 +474,11 @@ class WeightedRouter:
     def reads_prefix_blocks(self) -> bool:
         """Whether one of its scorers reads the views' prefix blocks."""
         return any(reads_prefix_blocks(scorer) for scorer, _ in self.scorers)
+
+    @property
+    def reads_kv_usage(self) -> bool:
+        """Whether one of its scorers reads the views' KV memory."""
+        return any(reads_kv_usage(scorer) for scorer, _ in self.scorers)
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica maximising ``sum(weight * score)``, the first on a tie."""
@@ -516,6 +559,8 @@ class MixingRouter:
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     classes: tuple[RequestClass, ...] = field(converter=_classes)
     """The request classes (lengths and shares summing to 1): :class:`RequestClass`
