@@ -469,6 +469,17 @@ class WeightedRouter:
     )
     """``(scorer, weight)`` pairs, or a mapping of scorer names (``kv``, ``prefix``,
     ``queue``, ``requests``) or scorers to weights (>= 0, not all 0)."""
+    _plan: tuple[tuple[type, float, tuple[tuple[float, str], ...]], ...] | None = field(
+        init=False, repr=False, eq=False
+    )
+
+    def __attrs_post_init__(self) -> None:
+        # Scorers of this module's own types are computed inline (see _fused).
+        plan = tuple(
+            (type(scorer), weight, getattr(scorer, "_order", ())) for scorer, weight in self.scorers
+        )
+        known = all(kind in _INLINE for kind, _, _ in plan)
+        object.__setattr__(self, "_plan", plan if known else None)
 
     @property
     def reads_prefix_blocks(self) -> bool:
@@ -485,6 +496,18 @@ class WeightedRouter:
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
+        if self._plan is not None:
+            totals = _fused(self._plan, request.block_hashes, eligible)
+        else:
+            totals = self._totals(request, eligible)
+        if math.isnan(sum(totals)):  # a NaN score: the general rule orders it as before
+            best = max(range(len(eligible)), key=lambda i: (totals[i], -i))
+        else:  # the first of the highest totals
+            best = totals.index(max(totals))
+        return eligible[best].replica_id
+
+    def _totals(self, request: RoutingRequest, eligible: Sequence[ReplicaView]) -> list[float]:
+        """``sum(weight * score)`` per replica, each scorer asked in turn."""
         totals: list[float] | None = None
         for scorer, weight in self.scorers:
             scores = scorer.score(request, eligible)
@@ -497,11 +520,69 @@ class WeightedRouter:
             else:
                 totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
         assert totals is not None  # the converter keeps at least one scorer
-        if math.isnan(sum(totals)):  # a NaN score: the general rule orders it as before
-            best = max(range(len(eligible)), key=lambda i: (totals[i], -i))
-        else:  # the first of the highest totals
-            best = totals.index(max(totals))
-        return eligible[best].replica_id
+        return totals
+
+
+_INLINE = frozenset({KVScorer, PrefixScorer, QueueScorer, RequestsScorer})
+
+
+def _fused(
+    plan: tuple[tuple[type, float, tuple[tuple[float, str], ...]], ...],
+    hashes: tuple[int, ...],
+    eligible: Sequence[ReplicaView],
+) -> list[float]:
+    """What :meth:`WeightedRouter._totals` gives for scorers of this module's own types,
+    bit for bit, in fewer passes over the replicas.
+
+    Each load scorer's weighted column is the same product its ``score`` gives, and they
+    are summed in the scorers' order. A prefix score is 0 on a replica without prefix
+    blocks, and adding ``weight * 0.0`` to a sum of non-negative terms changes nothing, so
+    the prefix terms are left out there; the few replicas with blocks have their totals
+    summed again in the scorers' order with every term.
+    """
+    n = len(eligible)
+    columns: list[list[float]] = []
+    prefix = False
+    for kind, weight, _ in plan:
+        if kind is PrefixScorer:
+            prefix = True
+        elif kind is KVScorer:
+            columns.append([weight * (1.0 - r.kv_usage) for r in eligible])
+        else:
+            values = (
+                [r.waiting for r in eligible]
+                if kind is QueueScorer
+                else [r.running + r.waiting for r in eligible]
+            )
+            low, high = min(values), max(values)
+            if high == low:
+                columns.append([weight * 1.0] * n)
+            else:
+                span = high - low
+                columns.append([weight * ((high - v) / span) for v in values])
+    if not columns:
+        totals = [0.0] * n
+    else:
+        totals = columns[0]
+        for column in columns[1:]:
+            totals = [t + c for t, c in zip(totals, column, strict=True)]
+    if not (prefix and hashes):
+        return totals
+    for i, r in enumerate(eligible):
+        if not r.prefix_blocks:
+            continue
+        total: float | None = None
+        k = 0
+        for kind, weight, order in plan:
+            if kind is PrefixScorer:
+                term = weight * _match(hashes, r, order)
+            else:
+                term = columns[k][i]
+                k += 1
+            total = term if total is None else total + term
+        assert total is not None
+        totals[i] = total
+    return totals
 
 
 def _request_class(value: object) -> RequestClass:
