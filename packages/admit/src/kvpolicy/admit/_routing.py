@@ -472,6 +472,8 @@ class WeightedRouter:
     _plan: tuple[tuple[type, float, tuple[tuple[float, str], ...]], ...] | None = field(
         init=False, repr=False, eq=False
     )
+    _reads_prefix: bool = field(init=False, repr=False, eq=False)
+    _reads_kv: bool = field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         # Scorers of this module's own types are computed inline (see _fused).
@@ -480,16 +482,20 @@ class WeightedRouter:
         )
         known = all(kind in _INLINE for kind, _, _ in plan)
         object.__setattr__(self, "_plan", plan if known else None)
+        # What it reads, asked of its scorers once (a gateway asks at every decision).
+        reads = any(reads_prefix_blocks(scorer) for scorer, _ in self.scorers)
+        object.__setattr__(self, "_reads_prefix", reads)
+        object.__setattr__(self, "_reads_kv", any(reads_kv_usage(s) for s, _ in self.scorers))
 
     @property
     def reads_prefix_blocks(self) -> bool:
-        """Whether one of its scorers reads the views' prefix blocks."""
-        return any(reads_prefix_blocks(scorer) for scorer, _ in self.scorers)
+        """Whether one of its scorers reads the views' prefix blocks (asked when built)."""
+        return self._reads_prefix
 
     @property
     def reads_kv_usage(self) -> bool:
-        """Whether one of its scorers reads the views' KV memory."""
-        return any(reads_kv_usage(scorer) for scorer, _ in self.scorers)
+        """Whether one of its scorers reads the views' KV memory (asked when built)."""
+        return self._reads_kv
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica maximising ``sum(weight * score)``, the first on a tie."""
@@ -568,9 +574,8 @@ def _fused(
             totals = [t + c for t, c in zip(totals, column, strict=True)]
     if not (prefix and hashes):
         return totals
-    for i, r in enumerate(eligible):
-        if not r.prefix_blocks:
-            continue
+    for i in [i for i, r in enumerate(eligible) if r.prefix_blocks]:
+        r = eligible[i]
         total: float | None = None
         k = 0
         for kind, weight, order in plan:
