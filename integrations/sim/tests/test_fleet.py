@@ -10,7 +10,7 @@ import attrs
 import numpy as np
 import pytest
 
-from kvpolicy.admit import RoundRobinRouter, StaticAutoscaler
+from kvpolicy.admit import LeastRequestsRouter, RoundRobinRouter, StaticAutoscaler
 from kvpolicy.kvmodel import ReplicaView, Request, RoutingRequest, get_gpu, get_model
 from kvpolicy.sim import (
     STACK_PRESETS,
@@ -155,6 +155,29 @@ class TestRouting:
         assert free == sorted(free, reverse=True)
         assert free[0] > free[-1]
         assert all(views[0].running == 1 for views in router.seen[1:])
+
+    def test_a_router_blind_to_kv_and_prefix_decides_as_when_shown_all(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """Least-requests says it reads neither KV memory nor prefix blocks, so its views'
+        are not kept fresh: it places every request, and the run ends, bit for bit as the
+        same router behind a wrapper that says nothing (shown everything, fresh)."""
+        reqs = _requests(kit, 150, gap=0.001)
+
+        class Sighted:
+            def __init__(self) -> None:
+                self._inner = LeastRequestsRouter()
+
+            def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
+                return self._inner.route(request, replicas)
+
+        runs = [
+            Fleet(lambda k: Engine(tm, kit.engine(4096)), router, FleetConfig(3)).run(reqs)
+            for router in (LeastRequestsRouter(), Sighted())
+        ]
+        assert runs[0].assignment.tobytes() == runs[1].assignment.tobytes()
+        assert len(set(runs[0].assignment.tolist())) == 3
+        assert runs[0].record.finish.tobytes() == runs[1].record.finish.tobytes()
 
     def test_a_delayed_view_of_a_decode_run_keeps_its_prefix_cache(
         self, kit: SimpleNamespace, tm: TimingModel

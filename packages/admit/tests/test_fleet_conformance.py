@@ -21,10 +21,12 @@ from kvpolicy.kvmodel import (
     FleetView,
     RegistryError,
     ReplicaView,
+    ReplicaViews,
     Router,
     RoutingRequest,
     build,
     describe,
+    reads_kv_usage,
     reads_prefix_blocks,
 )
 
@@ -145,6 +147,32 @@ class TestRouterConformance:
             bare = [attrs.evolve(r, prefix_blocks={}) for r in fleet]
             (request,) = _requests(rng, 1)
             assert with_blocks.route(request, fleet) == without.route(request, bare), step
+
+    def test_kv_usage_unread_when_it_says_so(self, name: str) -> None:
+        """A router saying ``reads_kv_usage = False`` decides the same whatever its views'
+        KV memory (a simulator may show it as of each replica's last change)."""
+        if reads_kv_usage(_router(name)):
+            return
+        rng = random.Random(4)
+        seen, other = _router(name), _router(name)
+        for step in range(200):
+            fleet = _random_fleet(rng, rng.randrange(1, 6))
+            moved = [
+                attrs.evolve(r, kv_usage=rng.random(), free_blocks=rng.randrange(100))
+                for r in fleet
+            ]
+            (request,) = _requests(rng, 1)
+            assert seen.route(request, fleet) == other.route(request, moved), step
+
+    def test_replica_views_decide_as_a_list(self, name: str) -> None:
+        """Shown its views as a checked :class:`ReplicaViews` (taken as it is), it decides
+        as it does on the same views in a list (checked item by item)."""
+        rng = random.Random(5)
+        listed, checked = _router(name), _router(name)
+        for step in range(200):
+            fleet = _random_fleet(rng, rng.randrange(0, 6))
+            (request,) = _requests(rng, 1)
+            assert listed.route(request, fleet) == checked.route(request, ReplicaViews(fleet)), step
 
     def test_empty_fleet(self, name: str) -> None:
         """No replica at all: None."""

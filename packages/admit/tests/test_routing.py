@@ -261,6 +261,64 @@ class TestWeighted:
 TABLE_2 = [(300, 5, 0.25), (300, 10, 0.25), (300, 6, 0.25), (300, 12, 0.25)]
 
 
+class TestWeightedInline:
+    def test_inline_scores_decide_as_the_scorers_do(self) -> None:
+        """The built-in scorers, summed inline, decide as the same scorers asked one by
+        one (subclasses take that path) over random fleets, weights and orders."""
+        import random
+
+        class Kv(KVScorer):
+            pass
+
+        class Queue(QueueScorer):
+            pass
+
+        class Requests(RequestsScorer):
+            pass
+
+        class Prefix(PrefixScorer):
+            pass
+
+        pairs = [(KVScorer, Kv), (QueueScorer, Queue), (RequestsScorer, Requests)]
+        pairs.append((PrefixScorer, Prefix))
+        rng = random.Random(0)
+        for step in range(300):
+            chosen = rng.sample(pairs, rng.randint(1, 4))
+            weights = [rng.choice([0.0, 0.5, 1.0, 3.0, rng.random()]) for _ in chosen]
+            weights[0] = weights[0] or 1.0
+            inline = WeightedRouter([(a(), w) for (a, _), w in zip(chosen, weights, strict=True)])
+            asked = WeightedRouter([(b(), w) for (_, b), w in zip(chosen, weights, strict=True)])
+            fleet = [
+                _replica(
+                    f"r{i}",
+                    running=rng.randrange(4),
+                    waiting=rng.randrange(4),
+                    kv_usage=rng.choice([0.0, 0.5, rng.random()]),
+                    prefix={"gpu": rng.sample(range(6), 3)} if rng.random() < 0.4 else None,
+                    draining=rng.random() < 0.1,
+                )
+                for i in range(rng.randint(1, 12))
+            ]
+            request = _request(tuple(rng.sample(range(6), rng.randrange(5))))
+            assert inline.route(request, fleet) == asked.route(request, fleet), step
+
+
+class TestReadsKVUsage:
+    def test_declarations(self) -> None:
+        """Only least-KV and a weighted router with a KV scorer (or a choice of one) read
+        the views' KV memory."""
+        from kvpolicy.kvmodel import reads_kv_usage
+
+        assert not reads_kv_usage(RoundRobinRouter())
+        assert not reads_kv_usage(LeastRequestsRouter())
+        assert not reads_kv_usage(PrefixAwareRouter())
+        assert reads_kv_usage(LeastKVRouter())
+        assert reads_kv_usage(WeightedRouter())
+        assert not reads_kv_usage(WeightedRouter({"prefix": 1, "queue": 1, "requests": 1}))
+        assert reads_kv_usage(WeightedRouter([(ChoiceScorer(LeastKVRouter()), 1.0)]))
+        assert not reads_kv_usage(WeightedRouter([(ChoiceScorer(RoundRobinRouter()), 1.0)]))
+
+
 class TestMixing:
     def test_fractions_from_plan_routing(self) -> None:
         """Seed 002's Table 2 classes on two replicas: the plan's fractions, exactly."""

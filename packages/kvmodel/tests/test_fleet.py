@@ -14,10 +14,12 @@ from kvpolicy.kvmodel import (
     FleetView,
     RegistryError,
     ReplicaView,
+    ReplicaViews,
     Router,
     RoutingRequest,
     _registry,
     build,
+    reads_kv_usage,
 )
 
 
@@ -187,3 +189,45 @@ class TestGroups:
             build(ROUTING, "nope")
         with pytest.raises(RegistryError, match="unknown autoscaler 'nope'; known: "):
             build(AUTOSCALING, "nope")
+
+
+class TestReplicaViews:
+    def test_checked_when_made(self) -> None:
+        """Made from views with unique ids it is a tuple of them, in order."""
+        views = ReplicaViews([_view("a"), _view("b")])
+        assert isinstance(views, tuple)
+        assert [v.replica_id for v in views] == ["a", "b"]
+        assert ReplicaViews() == ()
+
+    def test_wrong_item_is_named(self) -> None:
+        """An item that is not a ReplicaView is a TypeError naming its index."""
+        with pytest.raises(TypeError, match=r"'views\[1\]' must be a ReplicaView: 'b'"):
+            ReplicaViews([_view("a"), "b"])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match="'views' must be a sequence of ReplicaView"):
+            ReplicaViews("ab")  # type: ignore[arg-type]
+
+    def test_duplicate_id_is_refused(self) -> None:
+        """Two views with one id are a ValueError naming the id."""
+        with pytest.raises(ValueError, match="'views' has replica id 'a' twice"):
+            ReplicaViews([_view("a"), _view("a")])
+
+    def test_trusted_is_not_checked(self) -> None:
+        """``trusted`` makes one without the check (for a fleet's own views)."""
+        views = ReplicaViews.trusted([_view("a"), _view("b")])
+        assert type(views) is ReplicaViews
+        assert views == ReplicaViews([_view("a"), _view("b")])
+
+
+class TestReadsKVUsage:
+    def test_only_a_declared_false_is_false(self) -> None:
+        """Only ``reads_kv_usage = False`` says a router never reads KV memory."""
+
+        class Blind:
+            reads_kv_usage = False
+
+        class Sighted:
+            reads_kv_usage = True
+
+        assert reads_kv_usage(Blind()) is False
+        assert reads_kv_usage(Sighted()) is True
+        assert reads_kv_usage(object()) is True

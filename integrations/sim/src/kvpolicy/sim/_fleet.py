@@ -51,10 +51,13 @@ from kvpolicy.kvmodel import (
     FleetView,
     GPUSpec,
     ReplicaView,
+    ReplicaViews,
     Request,
     RequestGate,
     Router,
     RoutingRequest,
+    reads_kv_usage,
+    reads_prefix_blocks,
 )
 from kvpolicy.sim._config import FleetConfig, GatewayConfig, SLOConfig
 from kvpolicy.sim._engine import Engine, ProgressFn, Server
@@ -434,13 +437,17 @@ class _Run:
             self._dirty.clear()
         return serving
 
-    def _fresh_views(self, now: float) -> list[ReplicaView]:
+    def _fresh_views(self, now: float, kv: bool = True) -> list[ReplicaView]:
         """The serving replicas' views as of ``now`` without prefix blocks (what
-        :meth:`_Replica.fresh_view` gives), rebuilding only those that changed."""
+        :meth:`_Replica.fresh_view` gives), rebuilding only those that changed.
+
+        With ``kv`` False (a router that never reads KV memory) a view is not rebuilt when
+        an iteration of its decode run takes a block, only when the replica changes: its
+        KV memory is then as of that change, everything else as of now."""
         self._serving()
         board, slot, dirty, expiry = self._board, self._slot, self._dirty, self._expiry
         replicas = self._replicas
-        while expiry and expiry[0][0] <= now:
+        while kv and expiry and expiry[0][0] <= now:
             _, k, version = heapq.heappop(expiry)
             if replicas[k].version == version:
                 dirty.add(k)
@@ -450,7 +457,7 @@ class _Run:
                 continue
             r = replicas[k]
             board[pos] = r.fresh_view(now, ())
-            if r.view_until < math.inf:
+            if kv and r.view_until < math.inf:
                 heapq.heappush(expiry, (r.view_until, k, r.version))
         dirty.clear()
         return board
@@ -540,24 +547,37 @@ class _Run:
         keep: list[int] = []
         knocked: list[float] = []
         router = self._fleet._router
+        # A router that never reads prefix blocks is shown none (finding each replica's
+        # would cost a lookup per replica per request for nothing).
+        blind = not reads_prefix_blocks(router)
+        # One that never reads KV memory is shown it as of each replica's last change.
+        kv = reads_kv_usage(router)
         for i, at in zip(self._queue, self._knocked, strict=True):
             req = self._reqs[i]
             hashes = engine0.hashes(req)
-            # Views per request: with no delay each counts the requests just placed.
+            among = () if blind else hashes
+            # Views per request: with no delay each counts the requests just placed. The
+            # fleet built every view (one per replica, ids unique), so the router is shown
+            # them as ReplicaViews, not checked again.
+            views: ReplicaViews
             if self._delay == 0:
-                views = list(self._fresh_views(now))
                 serving = self._serving()
-                if hashes:
+                board = self._fresh_views(now, kv)
+                if among:
+                    hit_views = list(board)
                     for pos, r in enumerate(serving):
-                        hits = r.server.resident_blocks(hashes)
+                        hits = r.server.resident_blocks(among)
                         if hits:
-                            base = views[pos]
-                            views[pos] = replace_view(
+                            base = hit_views[pos]
+                            hit_views[pos] = replace_view(
                                 base, draining=base.draining, signal_age_s=0.0, gpu_blocks=hits
                             )
+                    views = ReplicaViews.trusted(hit_views)
+                else:
+                    views = ReplicaViews.trusted(board)
             else:
                 serving = self._serving()
-                views = [self._observed(r, now, hashes) for r in serving]
+                views = ReplicaViews.trusted([self._observed(r, now, among) for r in serving])
             rid = router.route(
                 RoutingRequest(
                     request_id=req.request_id,

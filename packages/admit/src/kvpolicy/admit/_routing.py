@@ -23,7 +23,14 @@ from attrs import define, field, frozen
 
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
-from kvpolicy.kvmodel import ReplicaView, Router, RoutingRequest, reads_prefix_blocks
+from kvpolicy.kvmodel import (
+    ReplicaView,
+    ReplicaViews,
+    Router,
+    RoutingRequest,
+    reads_kv_usage,
+    reads_prefix_blocks,
+)
 
 __all__ = [
     "DEFAULT_TIER_WEIGHTS",
@@ -57,6 +64,9 @@ def eligible_replicas(
 ) -> tuple[ReplicaView, ...]:
     """The replicas of ``replicas`` that may take a new request (not draining), in order.
 
+    A :class:`ReplicaViews` was checked when it was made and is taken as it is (returned
+    itself when none drains); any other sequence is checked item by item.
+
     Raises:
         TypeError: ``request`` is not a :class:`RoutingRequest`, or an item of ``replicas``
             is not a :class:`ReplicaView`.
@@ -64,6 +74,11 @@ def eligible_replicas(
     """
     if not isinstance(request, RoutingRequest):
         raise TypeError(f"'request' must be a RoutingRequest: {request!r}")
+    if type(replicas) is ReplicaViews:  # checked when made (or a fleet's own): as it is
+        for view in replicas:
+            if view.draining:
+                return tuple([view for view in replicas if not view.draining])
+        return replicas
     # The common case checked in one comprehension (a routing decision at 64 replicas
     # spends its budget of tens of microseconds here otherwise): a list or tuple of plain
     # ReplicaView with unique ids is one whose set of plain views' ids is as large as it.
@@ -156,6 +171,8 @@ class RoundRobinRouter:
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     _next: int = field(init=False, default=0)
 
@@ -192,6 +209,8 @@ class RandomRouter(_Seeded):
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """A uniformly drawn eligible replica."""
@@ -207,6 +226,8 @@ class LeastRequestsRouter:
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The least-loaded eligible replica, the first in the list on a tie."""
@@ -236,6 +257,8 @@ class PowerOfTwoRouter(_Seeded):
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """Of two distinct drawn replicas, the one with fewer outstanding requests (the first
@@ -256,6 +279,9 @@ class PrefixAwareRouter:
     prompt's first block, the least-requests replica takes it (AIBrix's prefix-cache router
     with its least-request fallback).
     """
+
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
@@ -302,6 +328,9 @@ def _min_max(values: Sequence[int]) -> tuple[float, ...]:
 class PrefixScorer:
     """Tier-weighted matched ÷ total prompt blocks (llm-d's prefix-cache scorer)."""
 
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
+
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
     _order: tuple[tuple[float, str], ...] = field(init=False, repr=False, eq=False)
@@ -323,6 +352,8 @@ class QueueScorer:
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``(max - waiting) / (max - min)`` over the replicas; 1 for all when equal."""
@@ -335,6 +366,8 @@ class RequestsScorer:
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """``(max - outstanding) / (max - min)`` over the replicas; 1 for all when equal."""
@@ -370,6 +403,11 @@ class ChoiceScorer:
     def reads_prefix_blocks(self) -> bool:
         """Whether its router reads the views' prefix blocks."""
         return reads_prefix_blocks(self.router)
+
+    @property
+    def reads_kv_usage(self) -> bool:
+        """Whether its router reads the views' KV memory."""
+        return reads_kv_usage(self.router)
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """1.0 for ``router``'s choice among ``replicas``, 0.0 for the rest."""
@@ -431,17 +469,51 @@ class WeightedRouter:
     )
     """``(scorer, weight)`` pairs, or a mapping of scorer names (``kv``, ``prefix``,
     ``queue``, ``requests``) or scorers to weights (>= 0, not all 0)."""
+    _plan: tuple[tuple[type, float, tuple[tuple[float, str], ...]], ...] | None = field(
+        init=False, repr=False, eq=False
+    )
+    _reads_prefix: bool = field(init=False, repr=False, eq=False)
+    _reads_kv: bool = field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        # Scorers of this module's own types are computed inline (see _fused).
+        plan = tuple(
+            (type(scorer), weight, getattr(scorer, "_order", ())) for scorer, weight in self.scorers
+        )
+        known = all(kind in _INLINE for kind, _, _ in plan)
+        object.__setattr__(self, "_plan", plan if known else None)
+        # What it reads, asked of its scorers once (a gateway asks at every decision).
+        reads = any(reads_prefix_blocks(scorer) for scorer, _ in self.scorers)
+        object.__setattr__(self, "_reads_prefix", reads)
+        object.__setattr__(self, "_reads_kv", any(reads_kv_usage(s) for s, _ in self.scorers))
 
     @property
     def reads_prefix_blocks(self) -> bool:
-        """Whether one of its scorers reads the views' prefix blocks."""
-        return any(reads_prefix_blocks(scorer) for scorer, _ in self.scorers)
+        """Whether one of its scorers reads the views' prefix blocks (asked when built)."""
+        return self._reads_prefix
+
+    @property
+    def reads_kv_usage(self) -> bool:
+        """Whether one of its scorers reads the views' KV memory (asked when built)."""
+        return self._reads_kv
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica maximising ``sum(weight * score)``, the first on a tie."""
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
+        if self._plan is not None:
+            totals = _fused(self._plan, request.block_hashes, eligible)
+        else:
+            totals = self._totals(request, eligible)
+        if math.isnan(sum(totals)):  # a NaN score: the general rule orders it as before
+            best = max(range(len(eligible)), key=lambda i: (totals[i], -i))
+        else:  # the first of the highest totals
+            best = totals.index(max(totals))
+        return eligible[best].replica_id
+
+    def _totals(self, request: RoutingRequest, eligible: Sequence[ReplicaView]) -> list[float]:
+        """``sum(weight * score)`` per replica, each scorer asked in turn."""
         totals: list[float] | None = None
         for scorer, weight in self.scorers:
             scores = scorer.score(request, eligible)
@@ -454,11 +526,68 @@ class WeightedRouter:
             else:
                 totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
         assert totals is not None  # the converter keeps at least one scorer
-        if math.isnan(sum(totals)):  # a NaN score: the general rule orders it as before
-            best = max(range(len(eligible)), key=lambda i: (totals[i], -i))
-        else:  # the first of the highest totals
-            best = totals.index(max(totals))
-        return eligible[best].replica_id
+        return totals
+
+
+_INLINE = frozenset({KVScorer, PrefixScorer, QueueScorer, RequestsScorer})
+
+
+def _fused(
+    plan: tuple[tuple[type, float, tuple[tuple[float, str], ...]], ...],
+    hashes: tuple[int, ...],
+    eligible: Sequence[ReplicaView],
+) -> list[float]:
+    """What :meth:`WeightedRouter._totals` gives for scorers of this module's own types,
+    bit for bit, in fewer passes over the replicas.
+
+    Each load scorer's weighted column is the same product its ``score`` gives, and they
+    are summed in the scorers' order. A prefix score is 0 on a replica without prefix
+    blocks, and adding ``weight * 0.0`` to a sum of non-negative terms changes nothing, so
+    the prefix terms are left out there; the few replicas with blocks have their totals
+    summed again in the scorers' order with every term.
+    """
+    n = len(eligible)
+    columns: list[list[float]] = []
+    prefix = False
+    for kind, weight, _ in plan:
+        if kind is PrefixScorer:
+            prefix = True
+        elif kind is KVScorer:
+            columns.append([weight * (1.0 - r.kv_usage) for r in eligible])
+        else:
+            values = (
+                [r.waiting for r in eligible]
+                if kind is QueueScorer
+                else [r.running + r.waiting for r in eligible]
+            )
+            low, high = min(values), max(values)
+            if high == low:
+                columns.append([weight * 1.0] * n)
+            else:
+                span = high - low
+                columns.append([weight * ((high - v) / span) for v in values])
+    if not columns:
+        totals = [0.0] * n
+    else:
+        totals = columns[0]
+        for column in columns[1:]:
+            totals = [t + c for t, c in zip(totals, column, strict=True)]
+    if not (prefix and hashes):
+        return totals
+    for i in [i for i, r in enumerate(eligible) if r.prefix_blocks]:
+        r = eligible[i]
+        total: float | None = None
+        k = 0
+        for kind, weight, order in plan:
+            if kind is PrefixScorer:
+                term = weight * _match(hashes, r, order)
+            else:
+                term = columns[k][i]
+                k += 1
+            total = term if total is None else total + term
+        assert total is not None
+        totals[i] = total
+    return totals
 
 
 def _request_class(value: object) -> RequestClass:
@@ -516,6 +645,8 @@ class MixingRouter:
 
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
+    reads_kv_usage: ClassVar[bool] = False
+    """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
     classes: tuple[RequestClass, ...] = field(converter=_classes)
     """The request classes (lengths and shares summing to 1): :class:`RequestClass`

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from kvpolicy.kvmodel.__about__ import __version__
 from kvpolicy.kvmodel._errors import BlockPoolError, KVModelError, UnknownPresetError
-from kvpolicy.kvmodel._fleet import FleetView, ReplicaView, RoutingRequest
+from kvpolicy.kvmodel._fleet import (
+    FleetView,
+    ReplicaView,
+    ReplicaViews,
+    RoutingRequest,
+    reads_kv_usage,
+)
 from kvpolicy.kvmodel._planning import (
     CapacityError,
     CapacityPlan,
@@ -160,6 +166,7 @@ __all__ = [
     "RegistryError",
     "RegistryTypeError",
     "ReplicaView",
+    "ReplicaViews",
     "Request",
     "RequestGate",
     "ResidencyError",
@@ -189,6 +196,7 @@ __all__ = [
     "paged_utilisation",
     "plan_capacity",
     "quantized_token_bytes",
+    "reads_kv_usage",
     "reads_prefix_blocks",
     "rechunk_hashes",
     "seed001_lengths",

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 import attrs
 from attrs import field, frozen
 from attrs.validators import ge, instance_of, le
 
-__all__ = ["FleetView", "ReplicaView", "RoutingRequest"]
+__all__ = ["FleetView", "ReplicaView", "ReplicaViews", "RoutingRequest", "reads_kv_usage"]
 
 TierBlocks = tuple[tuple[str, frozenset[int]], ...]
 
@@ -142,6 +143,57 @@ class RoutingRequest:
     block granularity (may be empty)."""
     label: str = field(default="default", validator=_non_empty_str)
     """Class or tenant label (a mixing router routes by it)."""
+
+
+class ReplicaViews(tuple[ReplicaView, ...]):
+    """The views of a fleet's replicas, checked once: each a :class:`ReplicaView`, no id
+    twice.
+
+    A router checks the views it is shown at every decision (a list from outside may hold
+    anything); a tuple of this type was checked when it was made and cannot change since,
+    so a router may take it as it is. ``ReplicaViews(views)`` checks; a fleet that built
+    every view itself, with unique ids by construction, may make one with
+    :meth:`trusted` without the check (the simulator and the gateway do, per decision).
+
+    Raises:
+        TypeError: ``views`` is not an iterable, or an item is not a :class:`ReplicaView`
+            (naming its index).
+        ValueError: two views share an id.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, views: Iterable[ReplicaView] = ()) -> ReplicaViews:
+        if isinstance(cast(object, views), str | bytes) or not isinstance(views, Iterable):
+            raise TypeError(f"'views' must be a sequence of ReplicaView: {views!r}")
+        items = tuple(views)
+        seen: set[str] = set()
+        for i, view in enumerate(items):
+            if not isinstance(view, ReplicaView):
+                raise TypeError(f"'views[{i}]' must be a ReplicaView: {view!r}")
+            if view.replica_id in seen:
+                raise ValueError(f"'views' has replica id {view.replica_id!r} twice")
+            seen.add(view.replica_id)
+        return tuple.__new__(cls, items)
+
+    @classmethod
+    def trusted(cls, views: Iterable[ReplicaView]) -> ReplicaViews:
+        """``views`` as a :class:`ReplicaViews` without the check: for a caller whose views
+        are all :class:`ReplicaView` with unique ids by construction (its own)."""
+        return tuple.__new__(cls, views)
+
+
+def reads_kv_usage(router: object) -> bool:
+    """Whether ``router`` may read its views' KV memory (:attr:`ReplicaView.kv_usage` and
+    :attr:`ReplicaView.free_blocks`): False only for a router (or a scorer) that says so
+    with ``reads_kv_usage = False``.
+
+    Its choices must then not depend on them, and a caller may show it views whose KV
+    memory is as of the replica's last change rather than now (the simulator then spares
+    rebuilding a view each time one of a replica's decode iterations takes a block).
+    Optional, as ``reads_prefix_blocks`` is.
+    """
+    return getattr(router, "reads_kv_usage", True) is not False
 
 
 def _views(value: object) -> tuple[ReplicaView, ...]:

@@ -46,6 +46,7 @@ from kvpolicy.kvmodel import (
     Autoscaler,
     FleetView,
     ReplicaView,
+    ReplicaViews,
     Router,
     RoutingRequest,
     reads_prefix_blocks,
@@ -444,20 +445,25 @@ class Fleet:
             chosen = min(cands, key=lambda b: b.in_flight)
         return chosen
 
-    def _views(self, now: float, cands: list[Backend], holders: Set[str]) -> list[ReplicaView]:
+    def _views(self, now: float, cands: list[Backend], holders: Set[str]) -> ReplicaViews:
         """The candidates' views for one request, as :meth:`_touch` and :meth:`refresh`
         keep them; the holders of the prompt's first block are shown with their prefix
-        index."""
+        index. The fleet built each (one per backend, whose URLs are unique), so they go
+        to the router as a :class:`ReplicaViews` it need not check again."""
         if cands is self._cands:
+            if not holders:
+                return ReplicaViews.trusted(self._cand_views)
             views = self._cand_views.copy()
             pos = self._cand_pos
             for url in holders:
                 i = pos.get(url)
                 if i is not None:
                     views[i] = cands[i].indexed(views[i])
-            return views
+            return ReplicaViews.trusted(views)
         cache = self._view_cache
-        return [b.indexed(cache[b]) if b.id in holders else cache[b] for b in cands]
+        return ReplicaViews.trusted(
+            [b.indexed(cache[b]) if b.id in holders else cache[b] for b in cands]
+        )
 
     async def refresh(self) -> None:
         """Rebuild the views of the scraped backends whose signal aged by a scrape interval
