@@ -89,6 +89,7 @@ def crosscheck_cmd(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import vllm  # noqa: F401  (only to say clearly when it is missing)
+
         from kvpolicy.vllm._crosscheck import crosscheck, load_workload
     except ImportError as exc:
         raise click.UsageError(

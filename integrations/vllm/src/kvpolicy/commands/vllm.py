@@ -1,4 +1,5 @@
-"""``kvpolicy vllm``, registered by kvpolicy-vllm (the command lives in ``kvpolicy.commands._vllm_cli``)."""
+"""``kvpolicy vllm``, registered by kvpolicy-vllm (the command lives in
+``kvpolicy.commands._vllm_cli``)."""
 
 from kvpolicy.commands._main import CommandSpec
 
