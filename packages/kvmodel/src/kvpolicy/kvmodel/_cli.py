@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import click
-from rich.table import Table
 
 from kvpolicy.kvmodel import CapacityError, KVModelError, get_gpu, get_model, plan_capacity
 from kvpolicy.kvmodel.cli import GPU, KV_DTYPE, MODEL, FiniteFloat, table_console
@@ -74,6 +73,8 @@ def plan(
     With --tp/--pp the byte figures are per GPU and the counts those of the whole group.
     A model that does not fit one sequence exits with status 1 and says what would fit.
     """
+    from rich.table import Table
+
     try:
         model = get_model(model_name)
         if kv_dtype is not None:

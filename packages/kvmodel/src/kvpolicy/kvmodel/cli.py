@@ -11,12 +11,14 @@ import math
 import os
 import pathlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
 from kvpolicy.kvmodel import GPU_PRESETS, KV_DTYPE_BYTES, MODEL_PRESETS
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = [
     "GPU",
@@ -79,4 +81,6 @@ def table_console() -> Console:
     """A console for tables on standard output: the terminal's width on a terminal, and
     wide enough that a piped or redirected table is never cut (rich assumes 80 columns
     there, which folds and truncates wide tables)."""
+    from rich.console import Console
+
     return Console() if sys.stdout.isatty() else Console(width=240)

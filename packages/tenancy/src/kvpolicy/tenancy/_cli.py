@@ -7,8 +7,6 @@ import pathlib
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from kvpolicy.tenancy import (
     ManifestError,
@@ -186,6 +184,9 @@ def _banner(
 )
 def replay(scenario: str, as_json: bool, plot_dir: str | None) -> None:
     """Replay one of the paper's two experiments; a summary per entitlement."""
+    from rich.console import Console
+    from rich.table import Table
+
     run, rows = replay_experiment(scenario)
     if plot_dir is not None:
         _plot(run, rows, scenario, pathlib.Path(plot_dir))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pathlib
 
 import click
-from rich.console import Console
 
 from kvpolicy.kvmodel import get_gpu, get_model
 from kvpolicy.kvmodel.cli import GPU, MODEL
@@ -43,6 +42,8 @@ __all__ = ["demo"]
 )
 def demo(model: str, gpu: str, num_requests: int, seed: int, report: pathlib.Path) -> None:
     """A vLLM-like stack against the kvpolicy stack on the multi-tenant workload."""
+    from rich.console import Console
+
     from kvpolicy.sim import STACK_PRESETS, simulate
     from kvpolicy.sim.cli._sim import _emit, progress_bar
     from kvpolicy.sim.workloads import get_workload

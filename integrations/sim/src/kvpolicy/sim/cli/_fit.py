@@ -14,7 +14,6 @@ import pathlib
 from typing import Any
 
 import click
-from rich.console import Console
 
 __all__ = ["fit_attention_cmd"]
 
@@ -26,6 +25,8 @@ _MAX_TOKENS = 2048
 
 def _record(text: pathlib.Path | None, tokens: int) -> tuple[Any, str]:
     """(T, T) float64 attention of SmolLM2-135M on ``text``, averaged over layers and heads."""
+    from rich.console import Console
+
     from kvpolicy.evict.quality import (
         default_text,
         load_smollm2,
@@ -104,6 +105,8 @@ def fit_attention_cmd(
     as_json: bool,
 ) -> None:
     """Record SmolLM2-135M's attention on a text and fit the synthetic attention model."""
+    from rich.console import Console
+
     if tokens <= max_distance + _WARMUP:
         raise click.BadParameter(
             f"must be > max-distance + {_WARMUP} = {max_distance + _WARMUP}: {tokens}",

@@ -7,15 +7,17 @@ import math
 import pathlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
 from kvpolicy.kvmodel import GPUSpec, ModelSpec, get_gpu, get_model
 from kvpolicy.kvmodel.cli import GPU, MODEL
 from kvpolicy.sim._names import EXECUTORS as EXECUTOR_NAMES
 from kvpolicy.sim.cli._workload import WorkloadSpec, workload_options
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["group", "progress_bar"]
 
@@ -215,6 +217,7 @@ def _emit(
 ) -> None:
     """Print the runs (a table and what happened, or one JSON document) and write the
     report; the workload's notes and the runs' warnings also go to stderr."""
+    from rich.console import Console
     from rich.text import Text
 
     from kvpolicy.sim import comparison_table, results_json, write_report
@@ -368,6 +371,8 @@ def _compare_stacks(
     fleet: _Fleet | None = None,
 ) -> None:
     """Load the workload once, simulate each stack on it, then print and report."""
+    from rich.console import Console
+
     from kvpolicy.sim import get_stack
 
     console = Console(stderr=True)
@@ -428,6 +433,8 @@ def sweep_cmd(
     as_json: bool,
 ) -> None:
     """Simulate a grid of stack parameters on local processes or on Ray."""
+    from rich.console import Console
+
     from kvpolicy.sim import get_stack, sweep
 
     m, g = _specs(model, gpu)
@@ -530,6 +537,7 @@ def fit_timing_cmd(
     """Fit the time model's calibration constants to measured iterations."""
     import attrs
     import yaml
+    from rich.console import Console
 
     from kvpolicy.sim import TimingModel, fit_error, fit_timing, read_timing_csv
 
