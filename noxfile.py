@@ -56,7 +56,7 @@ TORCH_VERSION = "2.13.0"
 TORCH = f"torch=={TORCH_VERSION}"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 UV = "uv>=0.9"
-TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-xdist>=3.5"]
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
 DEFAULT_MARKS = "not gpu and not quality and not slow and not heavy"
 HEAVY_MARKS = "heavy and not gpu and not quality and not slow"
 """The ``heavy`` tests: seconds of CPU each (the quality harness on the tiny model, replica

@@ -176,3 +176,12 @@ class TestEvalRealModel:
         assert f"logits MLP: {checkpoint}" in result.stdout
         assert load_mlp(checkpoint, vocab_size=49152).vocab_size == 49152
         assert json.loads(out.read_text())["format"] == "kvpolicy-compact-return"
+
+
+def test_the_commands_baseline_name_is_the_harness() -> None:
+    """The command names the full cache without importing the harness (for a fast --help):
+    the name is the harness's own."""
+    from kvpolicy.commands import _evict_cli
+    from kvpolicy.evict.quality import FULL
+
+    assert _evict_cli.FULL == FULL

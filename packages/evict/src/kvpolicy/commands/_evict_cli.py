@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["group"]
 
 FULL = "full"
-"""The no-eviction baseline's name (``kvpolicy.evict.quality.FULL``)."""
+"""The no-eviction baseline's name, ``kvpolicy.evict.quality.FULL`` (a test holds the two
+equal; importing it here would import the harness)."""
 _PREDICTORS = ("compact", "mlp", "constant", "none")
 _DEFAULT_POLICIES = "full,token-pd,h2o,sink-window,lru"
 _SMOL_LAYER = ModelSpec("SmolLM2-135M (one layer)", num_layers=1, num_kv_heads=3, head_dim=64)
