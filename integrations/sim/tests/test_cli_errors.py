@@ -159,6 +159,35 @@ class TestStartup:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
 
+    def test_every_subcommand_help_imports_no_library(self) -> None:
+        """`kvpolicy GROUP COMMAND --help`, for every installed subcommand, imports neither a
+        kvpolicy library nor numpy, scipy, torch, attrs or rich: option types come from light
+        tables (preset names, installed entry points), and each command imports its library
+        when it runs. Only ``kvpolicy.commands``, the commands' own modules and a package's
+        ``__init__``/errors/version (lazy) may load."""
+        code = (
+            "import sys\n"
+            "from click.testing import CliRunner\n"
+            "from kvpolicy.commands._main import main, registered, spec_of\n"
+            "seen = 0\n"
+            "for name, ep in sorted(registered().items()):\n"
+            "    for sub in sorted(spec_of(ep).subcommands):\n"
+            "        result = CliRunner().invoke(main, [name, sub, '--help'])\n"
+            "        assert result.exit_code == 0, (name, sub, result.output)\n"
+            "        assert 'Usage:' in result.output, result.output\n"
+            "        seen += 1\n"
+            "assert seen >= 15, seen\n"
+            "light = ('.cli', '._cli', '.__about__', '._errors', '._tables', '._entrypoints',"
+            " '._names')\n"
+            "loaded = sorted(m for m in sys.modules if (m.startswith('kvpolicy.') and not"
+            " m.startswith('kvpolicy.commands') and m.count('.') > 1 and not"
+            " m.endswith(light) and '.cli.' not in m) or m.split('.')[0] in"
+            " ('scipy', 'numpy', 'torch', 'rich', 'attrs', 'attr', 'transformers'))\n"
+            "assert loaded == [], loaded\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
     def test_top_level_lists_every_installed_command(self) -> None:
         """With every distribution installed, the listing has each one's commands."""
         code, out, error = _run("--help")

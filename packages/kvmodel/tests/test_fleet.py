@@ -182,8 +182,8 @@ class TestGroups:
 
     def test_unknown_names_list_the_known(self) -> None:
         """An unknown router or autoscaler is an error that lists the installed ones."""
-        _registry._entry_points.cache_clear()
-        known = _registry._entry_points("kvpolicy.routing")
+        _registry.group_entry_points.cache_clear()
+        known = _registry.group_entry_points("kvpolicy.routing")
         listed = ", ".join(sorted(known)) or "none installed"
         with pytest.raises(RegistryError, match=f"unknown router 'nope'; known: {listed}$"):
             build(ROUTING, "nope")

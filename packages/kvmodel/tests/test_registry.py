@@ -90,13 +90,13 @@ def plugin(tmp_path: Path) -> Iterator[None]:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvtestplugin\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(ENTRY_POINTS)
     sys.path.insert(0, str(tmp_path))
-    _registry._entry_points.cache_clear()
+    _registry.group_entry_points.cache_clear()
     try:
         yield
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("kvtestplugin", None)
-        _registry._entry_points.cache_clear()
+        _registry.group_entry_points.cache_clear()
 
 
 def _state() -> SchedulerState:
@@ -196,7 +196,7 @@ class TestBuild:
 class TestGroups:
     def test_group_without_implementations(self) -> None:
         """A group nothing installs says so instead of listing nothing."""
-        _registry._entry_points.cache_clear()
+        _registry.group_entry_points.cache_clear()
         if names(GATEWAY):
             pytest.skip("a gateway is installed in this environment")
         with pytest.raises(RegistryError, match="known: none installed"):

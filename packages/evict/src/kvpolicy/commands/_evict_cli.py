@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvpolicy.kvmodel import EVICTION, ModelSpec, names
-from kvpolicy.kvmodel.cli import table_console
+from kvpolicy.kvmodel._entrypoints import EVICTION_GROUP
+from kvpolicy.kvmodel.cli import installed_names, table_console
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -35,8 +35,14 @@ FULL = "full"
 equal; importing it here would import the harness)."""
 _PREDICTORS = ("compact", "mlp", "constant", "none")
 _DEFAULT_POLICIES = "full,token-pd,h2o,sink-window,lru"
-_SMOL_LAYER = ModelSpec("SmolLM2-135M (one layer)", num_layers=1, num_kv_heads=3, head_dim=64)
-"""For checking labels before the model loads (the costs are rebuilt from the model)."""
+
+
+def _smol_layer() -> Any:
+    """One layer of SmolLM2-135M, for checking labels before the model loads (the costs are
+    rebuilt from the model)."""
+    from kvpolicy.kvmodel import ModelSpec
+
+    return ModelSpec("SmolLM2-135M (one layer)", num_layers=1, num_kv_heads=3, head_dim=64)
 
 
 def _parse_policies(value: str, budget_unit: str = "tokens") -> list[str]:
@@ -61,7 +67,7 @@ def _parse_policies(value: str, budget_unit: str = "tokens") -> list[str]:
             if budget_unit == "tokens":
                 policy_factory(name)
             else:
-                demoting_factory(name, _SMOL_LAYER)
+                demoting_factory(name, _smol_layer())
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--policy'") from None
     return list(dict.fromkeys(names))
@@ -178,7 +184,8 @@ def group() -> None:
     default=_DEFAULT_POLICIES,
     show_default=True,
     help=(
-        f"Comma-separated policies: {', '.join([FULL, *names(EVICTION)])} (those that need "
+        f"Comma-separated policies: {', '.join([FULL, *installed_names(EVICTION_GROUP)])} "
+        "(those that need "
         "parameters, such as composed, are built in Python or a stack file); a policy may set "
         "parameters, "
         "NAME:KEY=VALUE[:KEY=VALUE], a value ending in b being a fraction of the budget "

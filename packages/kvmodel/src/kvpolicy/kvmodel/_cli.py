@@ -1,4 +1,5 @@
-"""``kvpolicy kv``: KV cost model and capacity planning."""
+"""``kvpolicy kv``: KV cost model and capacity planning (the library is imported when a
+command runs, not for its ``--help``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import click
 
-from kvpolicy.kvmodel import CapacityError, KVModelError, get_gpu, get_model, plan_capacity
+from kvpolicy.kvmodel import KVModelError
 from kvpolicy.kvmodel.cli import GPU, KV_DTYPE, MODEL, FiniteFloat, table_console
 
 __all__ = ["group"]
@@ -74,6 +75,8 @@ def plan(
     A model that does not fit one sequence exits with status 1 and says what would fit.
     """
     from rich.table import Table
+
+    from kvpolicy.kvmodel import CapacityError, get_gpu, get_model, plan_capacity
 
     try:
         model = get_model(model_name)

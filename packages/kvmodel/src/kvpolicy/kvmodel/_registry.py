@@ -33,13 +33,24 @@ import inspect
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from functools import cache
-from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Generic, TypeVar, cast
 
 import attrs
 from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of
 
+from kvpolicy.kvmodel._entrypoints import (
+    ADMISSION_GROUP,
+    AUTOSCALING_GROUP,
+    EVICTION_GROUP,
+    GATEWAY_GROUP,
+    PREEMPTION_GROUP,
+    ROUTING_GROUP,
+    TIERS_GROUP,
+    WORKLOAD_FORMATS_GROUP,
+    entry_point_names,
+    group_entry_points,
+)
 from kvpolicy.kvmodel._errors import KVModelError
 from kvpolicy.kvmodel._protocols import (
     AdmissionPolicy,
@@ -98,23 +109,21 @@ class Group(Generic[T]):
     """The runtime-checkable Protocol a built component must implement (None: unchecked)."""
 
 
-ADMISSION: Group[AdmissionPolicy] = Group("kvpolicy.admission", "admission policy", AdmissionPolicy)
+ADMISSION: Group[AdmissionPolicy] = Group(ADMISSION_GROUP, "admission policy", AdmissionPolicy)
 """How many waiting requests join each iteration (kvpolicy-admit)."""
-EVICTION: Group[EvictionPolicy] = Group("kvpolicy.eviction", "eviction policy", EvictionPolicy)
+EVICTION: Group[EvictionPolicy] = Group(EVICTION_GROUP, "eviction policy", EvictionPolicy)
 """Batch-global token eviction (kvpolicy-evict)."""
-PREEMPTION: Group[PreemptionPolicy] = Group(
-    "kvpolicy.preemption", "preemption policy", PreemptionPolicy
-)
+PREEMPTION: Group[PreemptionPolicy] = Group(PREEMPTION_GROUP, "preemption policy", PreemptionPolicy)
 """Order of preemption when blocks run out (kvpolicy-evict)."""
-GATEWAY: Group[RequestGate] = Group("kvpolicy.gateway", "gateway", RequestGate)
+GATEWAY: Group[RequestGate] = Group(GATEWAY_GROUP, "gateway", RequestGate)
 """Admission in front of the server, 429 + Retry-After (kvpolicy-tenancy)."""
-TIERS: Group[PrefixStore] = Group("kvpolicy.tiers", "prefix store", PrefixStore)
+TIERS: Group[PrefixStore] = Group(TIERS_GROUP, "prefix store", PrefixStore)
 """KV prefix tiers below HBM (kvpolicy-tiers)."""
-WORKLOAD_FORMATS: Group[object] = Group("kvpolicy.workload_formats", "trace format")
+WORKLOAD_FORMATS: Group[object] = Group(WORKLOAD_FORMATS_GROUP, "trace format")
 """Loaders of public trace formats (the simulator's workloads)."""
-ROUTING: Group[Router] = Group("kvpolicy.routing", "router", Router)
+ROUTING: Group[Router] = Group(ROUTING_GROUP, "router", Router)
 """Which replica of a fleet serves a request (kvpolicy-admit)."""
-AUTOSCALING: Group[Autoscaler] = Group("kvpolicy.autoscaling", "autoscaler", Autoscaler)
+AUTOSCALING: Group[Autoscaler] = Group(AUTOSCALING_GROUP, "autoscaler", Autoscaler)
 """How many replicas a fleet should have (kvpolicy-admit, kvpolicy-tenancy)."""
 
 GROUPS: tuple[Group[Any], ...] = (
@@ -170,20 +179,15 @@ class ParamSpec:
         return self.default is inspect.Parameter.empty
 
 
-@cache
-def _entry_points(group: str) -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=group)}
-
-
 def names(group: Group[Any]) -> tuple[str, ...]:
     """Names of the installed implementations of ``group``, sorted."""
-    return tuple(sorted(_entry_points(group.entry_point)))
+    return entry_point_names(group.entry_point)
 
 
 def _load(group: Group[Any], name: str) -> Callable[..., Any]:
     if not isinstance(name, str):
         raise TypeError(f"{group.kind} name must be a str: {name!r}")
-    eps = _entry_points(group.entry_point)
+    eps = group_entry_points(group.entry_point)
     if name not in eps:
         known = ", ".join(sorted(eps)) or "none installed"
         raise RegistryError(f"unknown {group.kind} {name!r}; known: {known}")

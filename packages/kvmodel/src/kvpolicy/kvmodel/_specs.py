@@ -8,6 +8,8 @@ import attrs
 from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of, le
 
+from kvpolicy.kvmodel._tables import KV_DTYPE_BYTES
+
 __all__ = [
     "KV_DTYPE_BYTES",
     "KV_PRECISIONS",
@@ -16,16 +18,6 @@ __all__ = [
     "kv_dtype_bytes",
     "quantized_token_bytes",
 ]
-
-KV_DTYPE_BYTES: dict[str, float] = {
-    "fp32": 4.0,
-    "bf16": 2.0,
-    "fp16": 2.0,
-    "fp8": 1.0,
-    "int8": 1.0,
-    "int4": 0.5,
-}
-"""Bytes of one KV element for each supported KV-cache dtype."""
 
 
 def kv_dtype_bytes(dtype: str) -> float:

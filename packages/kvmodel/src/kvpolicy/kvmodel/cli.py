@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvpolicy.kvmodel import GPU_PRESETS, KV_DTYPE_BYTES, MODEL_PRESETS
+from kvpolicy.kvmodel._entrypoints import entry_point_names
+from kvpolicy.kvmodel._tables import GPU_ROWS, KV_DTYPE_BYTES, MODEL_ROWS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -27,6 +28,7 @@ __all__ = [
     "FiniteFloat",
     "OutputFile",
     "PresetChoice",
+    "installed_names",
     "table_console",
 ]
 
@@ -43,12 +45,19 @@ class PresetChoice(click.Choice):  # type: ignore[type-arg]
         return super().convert(value, param, ctx)
 
 
-MODEL = PresetChoice(list(MODEL_PRESETS))
+MODEL = PresetChoice(list(MODEL_ROWS))
 """A model preset, by name in any case."""
-GPU = PresetChoice(list(GPU_PRESETS))
+GPU = PresetChoice(list(GPU_ROWS))
 """A GPU preset, by name in any case."""
 KV_DTYPE = PresetChoice(list(KV_DTYPE_BYTES))
 """A KV-cache dtype, by name in any case."""
+
+
+def installed_names(entry_point_group: str) -> tuple[str, ...]:
+    """The names installed in an entry-point group (``"kvpolicy.eviction"``...), sorted, as
+    :func:`kvpolicy.kvmodel.names` gives them, without importing the registry: for a
+    command's choices and ``--help``."""
+    return entry_point_names(entry_point_group)
 
 
 class FiniteFloat(click.FloatRange):

@@ -1,4 +1,5 @@
-"""``kvpolicy tenancy``: the token-pool gateway, the paper's experiments, manifest checks."""
+"""``kvpolicy tenancy``: the token-pool gateway, the paper's experiments, manifest checks (the
+library is imported when a command runs, not for its ``--help``)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,7 @@ from typing import Any
 
 import click
 
-from kvpolicy.tenancy import (
-    ManifestError,
-    crd_documents,
-    fleet_settings,
-    load_gate,
-    load_manifest,
-    replay_experiment,
-)
+from kvpolicy.tenancy._errors import ManifestError
 
 __all__ = ["group"]
 
@@ -91,7 +85,7 @@ def serve(
     try:
         import os
 
-        from kvpolicy.tenancy import load_lease_gate
+        from kvpolicy.tenancy import load_gate, load_lease_gate
         from kvpolicy.tenancy.gateway import (
             Admission,
             LocalGate,
@@ -187,6 +181,8 @@ def replay(scenario: str, as_json: bool, plot_dir: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from kvpolicy.tenancy import replay_experiment
+
     run, rows = replay_experiment(scenario)
     if plot_dir is not None:
         _plot(run, rows, scenario, pathlib.Path(plot_dir))
@@ -226,6 +222,8 @@ def _plot(run: Any, rows: list[dict[str, Any]], scenario: str, out: pathlib.Path
 @click.argument("manifest", type=click.Path(exists=True, dir_okay=False))
 def check(manifest: str) -> None:
     """Validate a pool MANIFEST (exit 1 with the error naming the field)."""
+    from kvpolicy.tenancy import fleet_settings, load_gate, load_manifest
+
     try:
         pool = load_manifest(manifest)
         load_gate(manifest, 1)
@@ -241,6 +239,8 @@ def check(manifest: str) -> None:
 def crds(out_dir: str) -> None:
     """Write the TokenPool and TokenEntitlement CRDs (YAML) into OUT."""
     import yaml
+
+    from kvpolicy.tenancy import crd_documents
 
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,6 @@ from typing import Any
 
 import click
 
-from kvpolicy.kvmodel import get_model
 from kvpolicy.kvmodel.cli import MODEL, FiniteFloat, OutputFile, table_console
 
 __all__ = ["group"]
@@ -110,6 +109,7 @@ def plan(
     """Adaptive Pareto search over DRAM GiB x disk GiB (Algorithm 1) by trace replay."""
     from rich.table import Table
 
+    from kvpolicy.kvmodel import get_model
     from kvpolicy.tiers import ReplayEvaluator, get_tier, plan_tiers
 
     rows = _read_trace(trace, max_requests)

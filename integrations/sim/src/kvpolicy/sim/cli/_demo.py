@@ -10,7 +10,6 @@ import pathlib
 
 import click
 
-from kvpolicy.kvmodel import get_gpu, get_model
 from kvpolicy.kvmodel.cli import GPU, MODEL
 
 __all__ = ["demo"]
@@ -44,6 +43,7 @@ def demo(model: str, gpu: str, num_requests: int, seed: int, report: pathlib.Pat
     """A vLLM-like stack against the kvpolicy stack on the multi-tenant workload."""
     from rich.console import Console
 
+    from kvpolicy.kvmodel import get_gpu, get_model
     from kvpolicy.sim import STACK_PRESETS, simulate
     from kvpolicy.sim.cli._sim import _emit, progress_bar
     from kvpolicy.sim.workloads import get_workload

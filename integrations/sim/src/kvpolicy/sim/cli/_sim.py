@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvpolicy.kvmodel import GPUSpec, ModelSpec, get_gpu, get_model
 from kvpolicy.kvmodel.cli import GPU, MODEL
 from kvpolicy.sim._names import EXECUTORS as EXECUTOR_NAMES
 from kvpolicy.sim.cli._workload import WorkloadSpec, workload_options
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from kvpolicy.kvmodel import GPUSpec, ModelSpec
 
 __all__ = ["group", "progress_bar"]
 
@@ -56,6 +57,8 @@ def progress_bar(
 
 
 def _specs(model: str, gpu: str) -> tuple[ModelSpec, GPUSpec]:
+    from kvpolicy.kvmodel import get_gpu, get_model
+
     try:
         return get_model(model), get_gpu(gpu)
     except ValueError as exc:

@@ -14,12 +14,13 @@ import pathlib
 import re
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
-from attrs import frozen
 
-from kvpolicy.kvmodel import WORKLOAD_FORMATS, describe, names
+from kvpolicy.kvmodel._entrypoints import WORKLOAD_FORMATS_GROUP
+from kvpolicy.kvmodel.cli import installed_names
 
 __all__ = ["FLAGS", "WorkloadSpec", "flag_message", "workload_options"]
 
@@ -50,7 +51,7 @@ def flag_message(message: str) -> str:
     return message
 
 
-@frozen
+@dataclass(frozen=True)
 class WorkloadSpec:
     """Where the requests come from: a named synthetic workload or a trace file."""
 
@@ -96,6 +97,8 @@ class WorkloadSpec:
             fmt = options.get("format") or detect_format(trace)
         except ValueError as exc:
             raise click.UsageError(flag_message(str(exc))) from exc
+        from kvpolicy.kvmodel import WORKLOAD_FORMATS, describe
+
         accepted = {p.name for p in describe(WORKLOAD_FORMATS, fmt)}
         bad = [FLAGS[k] for k in options if k != "format" and k not in accepted]
         if bad:
@@ -112,6 +115,7 @@ class WorkloadSpec:
         Raises:
             click.UsageError: a bad file, row or value, with the flags named.
         """
+        from kvpolicy.kvmodel import WORKLOAD_FORMATS, describe
         from kvpolicy.sim import workloads as wl
 
         opts = dict(self.options)
@@ -144,7 +148,7 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Add the workload options to a command, which then receives ``spec: WorkloadSpec``."""
     from kvpolicy.sim._names import WORKLOAD_NAMES
 
-    formats = names(WORKLOAD_FORMATS)
+    formats = installed_names(WORKLOAD_FORMATS_GROUP)
     options = [
         click.option(
             "--workload",
