@@ -139,6 +139,33 @@ class TestPlanner:
         """No request lengths known: the observed 3,000 tok/s need exactly 3 replicas."""
         assert PlannerAutoscaler(1000.0).target(FleetView(0.0, tokens_per_s=3000.0)) == 3
 
+    def test_backlog_is_drained_in_backlog_s(self) -> None:
+        """5 requests at the door and 7 waiting on a replica, 450 tokens each (half the
+        prompt cached), over 60 s: 90 tok/s join the arrivals' 4,500. At 900 tok/s a
+        replica that is 5 replicas without the backlog and 6 with it."""
+        view = ReplicaView("r0", running=3, waiting=7, kv_usage=0.5, free_blocks=10, block_size=16)
+        fleet = FleetView(
+            0.0,
+            up=(view,),
+            queued=5,
+            arrival_rate=10.0,
+            mean_prompt_tokens=500.0,
+            mean_output_tokens=200.0,
+            prefix_hit_rate=0.5,
+        )
+        scaler = PlannerAutoscaler(900.0, max_replicas=10)
+        assert scaler.backlog(fleet) == pytest.approx(12 * 450.0 / 60.0)
+        assert scaler.target(fleet) == 6
+        assert PlannerAutoscaler(900.0, max_replicas=10, backlog_s=0.0).target(fleet) == 5
+
+    def test_backlog_without_lengths_uses_tokens_per_arrival(self) -> None:
+        """No lengths: each waiting request counts the observed tokens per arrival."""
+        fleet = FleetView(0.0, queued=30, arrival_rate=2.0, tokens_per_s=1000.0)
+        scaler = PlannerAutoscaler(1000.0, backlog_s=15.0)
+        assert scaler.backlog(fleet) == pytest.approx(30 * 500.0 / 15.0)
+        assert scaler.target(fleet) == 2
+        assert scaler.backlog(FleetView(0.0, queued=30)) == 0.0
+
     def test_bounds(self) -> None:
         """The target stays within [min_replicas, max_replicas]."""
         scaler = PlannerAutoscaler(100.0, min_replicas=2, max_replicas=4)

@@ -173,7 +173,10 @@ class PlannerAutoscaler:
     its prompt discounted by the prefix-cache hit rate
     (``arrival_rate * (mean_prompt_tokens * (1 - prefix_hit_rate) + mean_output_tokens)``);
     where the fleet's view knows no request lengths (both means 0) it is the observed
-    ``tokens_per_s``. The target is clamped to ``[min_replicas, max_replicas]``.
+    ``tokens_per_s``. The requests already waiting (at the front door and in the replicas'
+    queues) add their tokens over ``backlog_s`` seconds, so that a backlog a ramp has built
+    is drained rather than carried (Dynamo's planner sizes for the arrivals alone:
+    ``backlog_s=0``). The target is clamped to ``[min_replicas, max_replicas]``.
     """
 
     per_replica_tokens_per_s: float = field(converter=_number, validator=_positive)
@@ -184,18 +187,42 @@ class PlannerAutoscaler:
     max_replicas: int = field(default=10, validator=_replicas)
     """Most replicas (>= ``min_replicas``)."""
 
+    backlog_s: float = field(default=60.0, converter=_number, validator=_non_negative)
+    """Seconds in which to serve the requests already waiting: their tokens over this join
+    the demand (0: the arrivals alone)."""
+
     def __attrs_post_init__(self) -> None:
         _check_bounds(self.min_replicas, self.max_replicas)
 
     @staticmethod
     def demand(fleet: FleetView) -> float:
-        """Tokens per second the fleet must serve (see the class)."""
+        """Tokens per second the arrivals ask for (see the class)."""
         if fleet.mean_prompt_tokens == 0.0 and fleet.mean_output_tokens == 0.0:
             return fleet.tokens_per_s
         prompt = fleet.mean_prompt_tokens * (1.0 - fleet.prefix_hit_rate)
         return fleet.arrival_rate * (prompt + fleet.mean_output_tokens)
 
+    def backlog(self, fleet: FleetView) -> float:
+        """Tokens per second that serve the waiting requests in ``backlog_s`` seconds: the
+        front door's ``queued`` plus each serving replica's ``waiting``, each of the mean
+        request's tokens (or the observed tokens per arrival where no lengths are known;
+        0 where neither is)."""
+        if self.backlog_s == 0.0:
+            return 0.0
+        waiting = fleet.queued + sum(view.waiting for view in fleet.up)
+        if waiting == 0:
+            return 0.0
+        if fleet.mean_prompt_tokens or fleet.mean_output_tokens:
+            prompt = fleet.mean_prompt_tokens * (1.0 - fleet.prefix_hit_rate)
+            per_request = prompt + fleet.mean_output_tokens
+        elif fleet.arrival_rate > 0.0:
+            per_request = fleet.tokens_per_s / fleet.arrival_rate
+        else:
+            return 0.0
+        return waiting * per_request / self.backlog_s
+
     def target(self, fleet: FleetView) -> int:
-        """The replicas the demand needs, clamped to the bounds."""
-        need = math.ceil(self.demand(_fleet(fleet)) / self.per_replica_tokens_per_s)
+        """The replicas the demand and the backlog need, clamped to the bounds."""
+        fleet = _fleet(fleet)
+        need = math.ceil((self.demand(fleet) + self.backlog(fleet)) / self.per_replica_tokens_per_s)
         return _clamp(need, self.min_replicas, self.max_replicas)
