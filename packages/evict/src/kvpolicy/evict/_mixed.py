@@ -111,6 +111,11 @@ class UniformPrecision:
         """The precision every token is held at after :meth:`allocate`."""
         return self._bits
 
+    @property
+    def costs(self) -> PrecisionCosts:
+        """The bytes of a token at 16 bits and at :attr:`bits`."""
+        return self._costs
+
     def insert(
         self,
         stream: str,
