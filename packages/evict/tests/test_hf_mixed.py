@@ -187,6 +187,20 @@ class TestMixed:
         assert runs[1][2].demoted == 0
         assert runs[0][2].bytes_held().tolist() == runs[1][2].bytes_held().tolist()
 
+    def test_a_budget_below_one_token_holds_nothing(self, peaked_llama: Any) -> None:
+        """A budget smaller than one token at the lowest precision (24 bytes at 2 bits)
+        evicts every token after each step, the newest included; generate still runs (each
+        query attends to itself alone)."""
+        ids, mask = _padded([_prompt(9, 6), _prompt(10, 4)])
+        mixed = _mixed(peaked_llama, (16, 8, 4, 2))
+        cache = PolicyCache(lambda: TokenPDMixed(mixed=mixed), budget_bytes=20.0)
+        with cache.attached(peaked_llama):
+            out = _generate(peaked_llama, cache, ids, attention_mask=mask, max_new_tokens=4)
+        assert out.sequences.shape == (2, 10)
+        assert cache.resident().tolist() == [[0, 0], [0, 0]]
+        assert cache.max_bytes == 0.0
+        assert cache.evicted == 2 * (6 + 4 + 2 * 3)
+
     def test_a_demoting_policy_in_tokens_only_evicts(self, peaked_llama: Any) -> None:
         """``TokenPDMixed`` under ``budget_tokens`` is Token-PD (kvmodel's DemotingPolicy
         runs wherever an eviction policy does): every token stays at 16 bits."""
