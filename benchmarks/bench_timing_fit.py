@@ -1,6 +1,6 @@
 """Fit the simulator's roofline time model to iterations measured on a real model.
 
-SmolLM2-135M (the model of kvpolicy-evict's quality harness) runs decode and prefill
+SmolLM2-135M (the model of the quality harness, kvpolicy-evict-quality) runs decode and prefill
 iterations with plain torch on this machine's device (CPU here, CUDA where one is present),
 over a grid of batch sizes, context lengths and prefill chunks. The device's peaks are
 measured in the same run (a large tensor copy for memory bandwidth, a large matmul for

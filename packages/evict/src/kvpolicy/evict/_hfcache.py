@@ -2,7 +2,8 @@
 decoder layer, held to a token budget by a kvpolicy eviction policy, and the attention
 function that feeds the policy.
 
-How a step runs in one layer (the order of the quality harness, ``quality/_decode.py``):
+How a step runs in one layer (the order of the quality harness, kvpolicy-evict-quality's
+``kvpolicy.evict.quality._decode``):
 
 1. the model calls ``cache.update(keys, values, layer)``: the layer appends the new keys
    and values to its resident ones and hands them to the attention function (a

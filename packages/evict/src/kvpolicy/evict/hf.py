@@ -49,7 +49,7 @@ harness's ``--predictor none``), token ids for ``ContentAware`` policies, one bu
 pooled over the layers, and keys quantized per channel (KIVI's layout needs a block of
 tokens quantized together; tokens here are demoted one at a time, keys per token).
 
-Needs the ``quality`` extra (torch, transformers >= 5).
+Needs the ``hf`` extra (torch, transformers >= 5): ``pip install 'kvpolicy-evict[hf]'``.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ GROUP = "kvpolicy.commands"
 _PROVIDERS = {
     "kv": "kvpolicy-kvmodel",
     "admit": "kvpolicy-admit",
-    "evict": "'kvpolicy-evict[quality]'",
+    "evict": "kvpolicy-evict-quality",
     "tiers": "kvpolicy-tiers",
     "tenancy": "'kvpolicy-tenancy[gateway]'",
     "sim": "kvpolicy-sim",

@@ -1,6 +1,6 @@
 """``kvpolicy sim fit-attention``: record a model's attention and fit the synthetic model to it.
 
-Runs SmolLM2-135M-Instruct (kvpolicy-evict's ``quality`` extra) over the first ``--tokens``
+Runs SmolLM2-135M-Instruct (through kvpolicy-evict-quality, the harness) over the first ``--tokens``
 tokens of a text with the full cache, averages the attention over layers and heads, fits
 :class:`kvpolicy.sim.AttentionModel` to it with :func:`kvpolicy.sim.fit_attention` and prints
 the parameters next to the statistics they reproduce. ``--out`` writes the parameters as
@@ -27,13 +27,20 @@ def _record(text: pathlib.Path | None, tokens: int) -> tuple[Any, str]:
     """(T, T) float64 attention of SmolLM2-135M on ``text``, averaged over layers and heads."""
     from rich.console import Console
 
-    from kvpolicy.evict.quality import (
-        default_text,
-        load_smollm2,
-        mean_attention,
-        require_quality_deps,
-    )
-
+    try:
+        from kvpolicy.evict.quality import (
+            default_text,
+            load_smollm2,
+            mean_attention,
+            require_quality_deps,
+        )
+    except ModuleNotFoundError as exc:
+        if exc.name != "kvpolicy.evict.quality":
+            raise
+        raise click.ClickException(
+            "recording a model's attention needs the quality harness: pip install "
+            "kvpolicy-evict-quality (see its README for the CPU build of torch and the model)"
+        ) from exc
     try:
         require_quality_deps()
     except ImportError as exc:

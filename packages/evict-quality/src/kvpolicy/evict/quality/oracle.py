@@ -41,7 +41,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
-from kvpolicy.evict._tokenpd import TokenPDConfig, TokenPDPolicy
+from kvpolicy.evict import TokenPDConfig, TokenPDPolicy
 from kvpolicy.evict.quality._decode import decode_batch
 from kvpolicy.evict.quality._eval import budget_tokens, cli_texts_and_budgets, policy_factory
 from kvpolicy.evict.quality._model import CausalLM, load_smollm2

