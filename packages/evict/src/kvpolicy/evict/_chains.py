@@ -147,6 +147,7 @@ class ScaledChains:
                 length[p + row] = 1
                 to[p + row, 0] = offered[-1]
         self._from, self._to, self._length, self._safe = frm, to, length, safe
+        self._all_safe = bool(safe.all())
         self._patterns = p
         # Values for which every product v * keep, difference and quotient of a walk is a
         # normal float64 (the error bounds of _walk hold): 2**-1000 / the smallest nonzero
@@ -171,28 +172,30 @@ class ScaledChains:
         value: NDArray[np.float64],
         pattern: NDArray[np.int64],
         budget: float,
-        priority: NDArray[np.float64],
+        priority: NDArray[np.float64] | NDArray[np.int64],
     ) -> StateChoice | None:
         """``choose_states(value[:, None] * keeps, costs, budget, patterns[pattern],
         priority)``, bit for bit, or None where the chains cannot vouch for that.
 
         Args:
-            value: (n,) float64 finite values >= 0, n >= 1.
+            value: (n,) float64 values >= 0 (any that is not finite is declined), n >= 1.
             pattern: (n,) int64 each token's pattern (a row of ``patterns``).
             budget: bytes available, finite and >= 0.
-            priority: (n,) float64, larger first among upgrades of equal value per byte.
+            priority: (n,) float64 or int64 (below 2**53), larger first among upgrades of
+                equal value per byte.
 
         Returns:
             The states, the price and the bytes spent, as ``choose_states`` gives them; None
-            when a token of value > 0 has a pattern whose chain is not safe or a value
-            outside the range the chains were proved for.
+            when a value is not finite or outside the range the chains were proved for, or
+            a token of value > 0 has a pattern whose chain is not safe.
         """
         zero = value == 0
-        live = ~zero
-        if live.any():
-            v, pat = value[live], pattern[live]
-            if not (self._safe[pat].all() and v.min() >= self._v_lo and v.max() <= self._v_hi):
-                return None
+        if not value.max() <= self._v_hi:  # NaN and inf too
+            return None
+        if value.min() < self._v_lo and (value[~zero] < self._v_lo).any():
+            return None
+        if not self._all_safe and not self._safe[pattern[~zero]].all():
+            return None
         chain = pattern + self._patterns * zero
         # Every token's upgrades, step-major; within a step by priority (larger first),
         # then index: the tie-breaks of choose_states after the value per byte.

@@ -242,6 +242,8 @@ class TokenPDMixed(TokenPDPolicy):
         self._patterns[:, 0] = True
         self._patterns |= np.eye(self._states.size, dtype=bool)
         self._chains = ScaledChains(self._keeps, self._state_cost, self._patterns)
+        self._pattern_of = np.zeros(17, dtype=np.int64)  # bits -> row of _patterns
+        self._pattern_of[self._states] = np.arange(self._states.size)
         self._byte_price = 0.0
         self.table.add_column("bits", fill=16.0)
 
@@ -277,9 +279,12 @@ class TokenPDMixed(TokenPDPolicy):
     def _values(self, slots: NDArray[np.int64]) -> NDArray[np.float64]:
         """(n,) float64 ``g + mu c`` of resident ``slots`` (every stream, in table order)."""
         table = self.table
-        if not self._cfg.copy_bonus and not self._profiles:
-            # Nothing per stream (no copy bonus, no age profile): one pass over all.
-            return self._value(slots)
+        cfg = self._cfg
+        if not (cfg.copy_bonus or cfg.age_prior or cfg.pool):
+            # Nothing per stream or per neighbourhood: every key is the token's value as
+            # insert or its last observe computed it (new_keys, observed), and nothing
+            # it depends on has changed since.
+            return table.keys(slots)
         value = np.empty(slots.size)
         start = 0
         for stream in table.streams:
@@ -316,18 +321,17 @@ class TokenPDMixed(TokenPDPolicy):
         value = np.where(prot, value + 1.0 + value.sum(), value)
         bits_col = table.column("bits")
         current = bits_col[slots].astype(np.int64)
-        pattern = np.searchsorted(self._states, current)
-        priority = table.insertion_order(slots).astype(np.float64)
-        choice = None
-        if np.isfinite(value).all():  # else choose_states names the bad values
-            choice = self._chains.choose(value, pattern, budget, priority)
+        pattern = self._pattern_of[current]
+        order = table.insertion_order(slots)
+        # Declines values that are not finite too: choose_states then names them.
+        choice = self._chains.choose(value, pattern, budget, order)
         if choice is None:
             choice = choose_states(
                 value[:, None] * self._keeps[None, :],
                 self._state_cost,
                 budget,
                 self._patterns[pattern],
-                priority=priority,
+                priority=order.astype(np.float64),
             )
         self._byte_price = choice.price
         new = self._states[choice.state]
