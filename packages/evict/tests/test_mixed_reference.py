@@ -229,8 +229,9 @@ class TestAllocateAgainstReference:
         for cls in (TokenPDMixed, _ReferenceMixed):
             p = cls(TokenPDConfig(num_sink=1))
             p.insert("a", np.arange(3, dtype=np.int64), np.full((3, 1), 1e308))
-            with np.errstate(over="ignore", invalid="ignore"), pytest.raises(
-                ValueError, match="'values' must be finite"
+            with (
+                np.errstate(over="ignore", invalid="ignore"),
+                pytest.raises(ValueError, match="'values' must be finite"),
             ):
                 p.allocate(1000.0)
             assert p.steps == 1
@@ -267,18 +268,18 @@ def _knapsack_cases() -> list[tuple[str, dict[str, Any]]]:
         cases.append(
             (
                 f"case{k}",
-                dict(
-                    value=v,
-                    keeps=keeps,
-                    costs=costs,
-                    patterns=patterns,
-                    pattern=pattern,
-                    budget=budget,
-                    priority=priority,
+                {
+                    "value": v,
+                    "keeps": keeps,
+                    "costs": costs,
+                    "patterns": patterns,
+                    "pattern": pattern,
+                    "budget": budget,
+                    "priority": priority,
                     # Only values at the ends of float64 or states on one line may be
                     # declined.
-                    may_decline=kind == 2 or costs is collinear,
-                ),
+                    "may_decline": kind == 2 or costs is collinear,
+                },
             )
         )
     return cases
