@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvpolicy.evict import (
     EVICTED,
@@ -344,3 +346,53 @@ class TestScaledChains:
             ScaledChains(np.zeros(2), np.array([0.0, 0.0]), np.ones((1, 2), dtype=bool))
         with pytest.raises(ValueError, match="free state"):
             ScaledChains(np.zeros(2), np.array([0.0, 1.0]), np.array([[False, True]]))
+
+
+_FLOATS = st.floats(0.0, 1.0, allow_subnormal=True)
+
+
+class TestScaledChainsProperty:
+    """Arbitrary shares (not monotone either), costs, patterns and values."""
+
+    @settings(max_examples=40, deadline=None)
+    @given(
+        keeps=st.lists(_FLOATS, min_size=1, max_size=4),
+        steps=st.lists(st.floats(1e-3, 1e3), min_size=4, max_size=4),
+        values=st.lists(
+            st.one_of(_FLOATS, st.sampled_from([0.0, 1e-300, 5e-324, 1e300])),
+            min_size=1,
+            max_size=12,
+        ),
+        seed=st.integers(0, 2**16),
+        budget=st.floats(0.0, 5e3),
+    )
+    def test_never_disagrees(
+        self,
+        keeps: list[float],
+        steps: list[float],
+        values: list[float],
+        seed: int,
+        budget: float,
+    ) -> None:
+        """Whenever ScaledChains answers, it is choose_states's answer."""
+        k = np.array([0.0, *keeps])
+        c = np.concatenate(([0.0], np.cumsum(steps[: len(keeps)])))
+        rng = np.random.default_rng(seed)
+        patterns = rng.random((3, k.size)) < 0.7
+        patterns[:, 0] = True
+        v = np.array(values)
+        pattern = rng.integers(0, 3, v.size)
+        priority = rng.integers(0, 3, v.size)
+        got = ScaledChains(k, c, patterns).choose(v, pattern, budget, priority)
+        if got is None:
+            return
+        want = choose_states(
+            v[:, None] * k[None, :],
+            c,
+            budget,
+            patterns[pattern],
+            priority=priority.astype(np.float64),
+        )
+        assert got.state.tolist() == want.state.tolist()
+        assert got.price == want.price
+        assert got.spent == want.spent

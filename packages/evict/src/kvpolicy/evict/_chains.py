@@ -27,6 +27,7 @@ are that thin, or a value outside the range the margins were proved for, makes
 from __future__ import annotations
 
 import math
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -91,6 +92,12 @@ def _walk(
         chain.append((cur, best))
         cur = best
     return chain, safe
+
+
+def _clamped(x: Fraction) -> float:
+    """``x`` as a float64, inf beyond the largest one (the bounds keep a margin of 2**22
+    over what they need, so rounding here does not matter)."""
+    return math.inf if x > Fraction(sys.float_info.max) else float(x)
 
 
 class ScaledChains:
@@ -159,8 +166,8 @@ class ScaledChains:
                 if dk:
                     mags += [dk, dk / df[i][j]]
         tiny, huge = Fraction(2) ** -1000, Fraction(2) ** 1000
-        self._v_lo = float(tiny / min(mags)) if mags else 0.0
-        self._v_hi = float(huge / max(mags)) if mags else math.inf
+        self._v_lo = _clamped(tiny / min(mags)) if mags else 0.0
+        self._v_hi = _clamped(huge / max(mags)) if mags else math.inf
 
     @property
     def safe(self) -> NDArray[np.bool_]:
