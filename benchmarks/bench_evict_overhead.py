@@ -17,8 +17,9 @@ policy per decoder layer of SmolLM2-135M (its costs: 768, 432, 240 bytes per tok
 4 bits), two rows whose prompts of 171 and 125 tokens are replayed token by token and then
 16 decoded tokens each (insert and observe each row, then ``allocate`` at 25% of the bytes
 of every token at 16 bits): CPU and wall us per ``allocate`` and per insert+observe, and the
-knapsack alone on the inputs of every 4th ``allocate``, ``ScaledChains.choose`` (what
-``allocate`` runs) against ``choose_states`` (the general solver) in the same run.
+knapsack alone on the recorded inputs of every 4th ``allocate``, ``ScaledChains.choose``
+(what ``allocate`` runs) against ``choose_states`` (the general solver, same states) in the
+same run.
 
 Run: ``python benchmarks/bench_evict_overhead.py [--quick] [--mixed-only] [--out results/bench]``
 (``--quick`` caps the size at 10^6 and drives 4 layers in the mixed row instead of 30;
@@ -30,6 +31,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from typing import Any
 
 import numpy as np
 from _harness import parse_args, write_result
@@ -106,6 +108,22 @@ def _observe_ms(policy: ScoredPolicy, rng: np.random.Generator) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+class _Recorder:
+    """Stands in for a TokenPDMixed's ScaledChains: answers through it and keeps the
+    inputs of every 4th call, to time the knapsack alone on them afterwards."""
+
+    def __init__(self, chains: Any) -> None:
+        self.chains = chains
+        self.calls = 0
+        self.inputs: list[tuple[Any, ...]] = []
+
+    def choose(self, *args: Any) -> Any:
+        if self.calls % 4 == 0:
+            self.inputs.append(tuple(np.copy(a) if isinstance(a, np.ndarray) else a for a in args))
+        self.calls += 1
+        return self.chains.choose(*args)
+
+
 def _mixed_row(layers: int) -> dict[str, float | int]:
     """Token-PD-mixed driven as PolicyCache drives it (module docstring)."""
     costs = PrecisionCosts.of(ModelSpec("SmolLM2-135M, one layer", 1, 3, 64))
@@ -115,10 +133,11 @@ def _mixed_row(layers: int) -> dict[str, float | int]:
     rng = np.random.default_rng(0)
     alloc_cpu, alloc_wall, step_cpu, held_max = 0.0, 0.0, 0.0, 0
     calls = 0
-    captured = []
+    inputs: list[tuple[Any, ...]] = []
     for _ in range(layers):
         policy = TokenPDMixed(mixed=mixed)
-        chains = policy._chains
+        recorder = _Recorder(policy._chains)
+        policy._chains = recorder  # type: ignore[assignment]
         held: list[list[int]] = [[] for _ in prompts]
         for i in range(max(prompts) + new):
             c0 = time.process_time()
@@ -131,10 +150,6 @@ def _mixed_row(layers: int) -> dict[str, float | int]:
                 att = rng.random(len(held[r])) ** 4
                 policy.observe(f"row{r}", np.array(held[r], dtype=np.int64), att / att.sum())
             step_cpu += time.process_time() - c0
-            if calls % 4 == 0:
-                table = policy.table
-                slots = table.resident_slots()
-                captured.append((slots.size, table.insertion_order(slots)))
             t0, c0 = time.perf_counter(), time.process_time()
             changes = policy.allocate(budget)
             alloc_cpu += time.process_time() - c0
@@ -146,21 +161,20 @@ def _mixed_row(layers: int) -> dict[str, float | int]:
                 held[r] = [q for q in held[r] if q not in gone]
             held_max = max(held_max, policy.resident_tokens())
         assert policy.resident_bytes() <= budget
-    # The knapsack alone, on inputs of the size and order allocate sees (values drawn
-    # anew: the solvers' cost does not depend on them).
-    keeps, state_cost = policy._keeps, policy._state_cost
+        inputs += recorder.inputs
+    # The knapsack alone on the recorded inputs: what allocate runs against the general
+    # solver, which gives the same states.
+    chains, keeps, state_cost = recorder.chains, policy._keeps, policy._state_cost
     fast, general = 0.0, 0.0
-    for n, order in captured:
-        value = rng.random(n) ** 4
-        pattern = rng.integers(1, 4, n)
+    for value, pattern, cap, order in inputs:
         c0 = time.process_time()
-        got = chains.choose(value, pattern, budget, order)
+        got = chains.choose(value, pattern, cap, order)
         fast += time.process_time() - c0
         c0 = time.process_time()
         want = choose_states(
             value[:, None] * keeps[None, :],
             state_cost,
-            budget,
+            cap,
             policy._patterns[pattern],
             priority=order.astype(np.float64),
         )
@@ -174,9 +188,9 @@ def _mixed_row(layers: int) -> dict[str, float | int]:
         "allocate_cpu_us": alloc_cpu / calls * 1e6,
         "allocate_wall_us": alloc_wall / calls * 1e6,
         "insert_observe_cpu_us": step_cpu / calls * 1e6,
-        "knapsack_calls": len(captured),
-        "knapsack_chains_cpu_us": fast / len(captured) * 1e6,
-        "knapsack_choose_states_cpu_us": general / len(captured) * 1e6,
+        "knapsack_calls": len(inputs),
+        "knapsack_chains_cpu_us": fast / len(inputs) * 1e6,
+        "knapsack_choose_states_cpu_us": general / len(inputs) * 1e6,
         "knapsack_speedup": general / fast,
     }
 
