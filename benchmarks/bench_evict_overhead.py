@@ -12,19 +12,42 @@ mean, median and p99 wall ms per step for each policy and size, and the ratio of
 to LRU (the baseline measured in the same run). Seed 000 claims < 0.9 ms per batch of 256
 streams on an A100; the target here is < 1 ms for Token-PD at 10^6 tokens on this CPU.
 
-Run: ``python benchmarks/bench_evict_overhead.py [--quick] [--out results/bench]``
-(``--quick`` caps the size at 10^6).
+The ``mixed`` row is Token-PD-mixed as ``kvpolicy.evict.hf.PolicyCache`` drives it: one
+policy per decoder layer of SmolLM2-135M (its costs: 768, 432, 240 bytes per token at 16, 8,
+4 bits), two rows whose prompts of 171 and 125 tokens are replayed token by token and then
+16 decoded tokens each (insert and observe each row, then ``allocate`` at 25% of the bytes
+of every token at 16 bits): CPU and wall us per ``allocate`` and per insert+observe, and the
+knapsack alone on the recorded inputs of every 4th ``allocate``, ``ScaledChains.choose``
+(what ``allocate`` runs) against ``choose_states`` (the general solver, same states) in the
+same run.
+
+Run: ``python benchmarks/bench_evict_overhead.py [--quick] [--mixed-only] [--out results/bench]``
+(``--quick`` caps the size at 10^6 and drives 4 layers in the mixed row instead of 30;
+``--mixed-only`` measures the mixed row alone).
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import time
+from typing import Any
 
 import numpy as np
 from _harness import parse_args, write_result
 
-from kvpolicy.evict import H2OPolicy, LRUPolicy, ScoredPolicy, TokenPDConfig, TokenPDPolicy
+from kvpolicy.evict import (
+    H2OPolicy,
+    LRUPolicy,
+    MixedConfig,
+    PrecisionCosts,
+    ScoredPolicy,
+    TokenPDConfig,
+    TokenPDMixed,
+    TokenPDPolicy,
+    choose_states,
+)
+from kvpolicy.kvmodel import ModelSpec
 
 STREAMS = 256
 WARMUP = 64
@@ -85,9 +108,99 @@ def _observe_ms(policy: ScoredPolicy, rng: np.random.Generator) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+class _Recorder:
+    """Stands in for a TokenPDMixed's ScaledChains: answers through it and keeps the
+    inputs of every 4th call, to time the knapsack alone on them afterwards."""
+
+    def __init__(self, chains: Any) -> None:
+        self.chains = chains
+        self.calls = 0
+        self.inputs: list[tuple[Any, ...]] = []
+
+    def choose(self, *args: Any) -> Any:
+        if self.calls % 4 == 0:
+            self.inputs.append(tuple(np.copy(a) if isinstance(a, np.ndarray) else a for a in args))
+        self.calls += 1
+        return self.chains.choose(*args)
+
+
+def _mixed_row(layers: int) -> dict[str, float | int]:
+    """Token-PD-mixed driven as PolicyCache drives it (module docstring)."""
+    costs = PrecisionCosts.of(ModelSpec("SmolLM2-135M, one layer", 1, 3, 64))
+    mixed = MixedConfig((16, 8, 4), costs)
+    prompts, new = (171, 125), 16
+    budget = 0.25 * (sum(prompts) + len(prompts) * new) * costs.token_bytes[16]
+    rng = np.random.default_rng(0)
+    alloc_cpu, alloc_wall, step_cpu, held_max = 0.0, 0.0, 0.0, 0
+    calls = 0
+    inputs: list[tuple[Any, ...]] = []
+    for _ in range(layers):
+        policy = TokenPDMixed(mixed=mixed)
+        recorder = _Recorder(policy._chains)
+        policy._chains = recorder  # type: ignore[assignment]
+        held: list[list[int]] = [[] for _ in prompts]
+        for i in range(max(prompts) + new):
+            c0 = time.process_time()
+            for r, length in enumerate(prompts):
+                if i < max(prompts) - length:
+                    continue
+                p = len(held[r]) and held[r][-1] + 1
+                policy.insert(f"row{r}", np.array([p], dtype=np.int64))
+                held[r].append(p)
+                att = rng.random(len(held[r])) ** 4
+                policy.observe(f"row{r}", np.array(held[r], dtype=np.int64), att / att.sum())
+            step_cpu += time.process_time() - c0
+            t0, c0 = time.perf_counter(), time.process_time()
+            changes = policy.allocate(budget)
+            alloc_cpu += time.process_time() - c0
+            alloc_wall += time.perf_counter() - t0
+            calls += 1
+            for name, (pos, bits) in changes.items():
+                r = int(name[3:])
+                gone = set(pos[bits == 0].tolist())
+                held[r] = [q for q in held[r] if q not in gone]
+            held_max = max(held_max, policy.resident_tokens())
+        assert policy.resident_bytes() <= budget
+        inputs += recorder.inputs
+    # The knapsack alone on the recorded inputs: what allocate runs against the general
+    # solver, which gives the same states.
+    chains, keeps, state_cost = recorder.chains, policy._keeps, policy._state_cost
+    fast, general = 0.0, 0.0
+    for value, pattern, cap, order in inputs:
+        c0 = time.process_time()
+        got = chains.choose(value, pattern, cap, order)
+        fast += time.process_time() - c0
+        c0 = time.process_time()
+        want = choose_states(
+            value[:, None] * keeps[None, :],
+            state_cost,
+            cap,
+            policy._patterns[pattern],
+            priority=order.astype(np.float64),
+        )
+        general += time.process_time() - c0
+        assert got is not None
+        assert got.state.tolist() == want.state.tolist()
+    return {
+        "layers": layers,
+        "allocate_calls": calls,
+        "most_resident_tokens": held_max,
+        "allocate_cpu_us": alloc_cpu / calls * 1e6,
+        "allocate_wall_us": alloc_wall / calls * 1e6,
+        "insert_observe_cpu_us": step_cpu / calls * 1e6,
+        "knapsack_calls": len(inputs),
+        "knapsack_chains_cpu_us": fast / len(inputs) * 1e6,
+        "knapsack_choose_states_cpu_us": general / len(inputs) * 1e6,
+        "knapsack_speedup": general / fast,
+    }
+
+
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
-    sizes = [10**5, 10**6] if args.quick else [10**5, 10**6, 10**7]
+    args = parse_args(
+        __doc__.splitlines()[0],
+        lambda p: p.add_argument("--mixed-only", action="store_true", help="the mixed row alone"),
+    )
+    sizes = [] if args.mixed_only else [10**5, 10**6] if args.quick else [10**5, 10**6, 10**7]
     rows = []
     for total in sizes:
         row: dict[str, float | int] = {"cached_tokens": total, "streams": STREAMS}
@@ -107,7 +220,10 @@ def main() -> None:
             row[f"{name}_over_lru_mean"] = row[f"{name}_mean_ms"] / row["lru_mean_ms"]
         rows.append(row)
         print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
-    figures = {"steps_measured": STEPS, "warmup_steps": WARMUP, "rows": rows}
+    mixed = _mixed_row(4 if args.quick else 30)
+    mixed["loadavg_1min"] = os.getloadavg()[0]
+    print({k: round(v, 3) if isinstance(v, float) else v for k, v in mixed.items()})
+    figures = {"steps_measured": STEPS, "warmup_steps": WARMUP, "rows": rows, "mixed": mixed}
     write_result("evict_overhead", figures, args.out)
 
 

@@ -23,6 +23,7 @@ from attrs import field, frozen
 from attrs.validators import ge, instance_of
 from numpy.typing import NDArray
 
+from kvpolicy.evict._chains import ScaledChains
 from kvpolicy.evict._precision import (
     EVICTED,
     PrecisionCosts,
@@ -234,7 +235,15 @@ class TokenPDMixed(TokenPDPolicy):
         self._states = np.array([EVICTED, *sorted({16, *m.precisions})], dtype=np.int64)
         self._state_cost = m.costs.cost(self._states)
         self._keeps = np.array([retained_fraction(int(b), m.loss_scale) for b in self._states])
-        self._allowed = np.isin(self._states, (EVICTED, *m.precisions))
+        allowed = np.isin(self._states, (EVICTED, *m.precisions))
+        # Row i: the states a token held at self._states[i] may take (those offered up to
+        # its own, the free one, and its own even when no longer offered).
+        self._patterns = allowed[None, :] & (self._states[None, :] <= self._states[:, None])
+        self._patterns[:, 0] = True
+        self._patterns |= np.eye(self._states.size, dtype=bool)
+        self._chains = ScaledChains(self._keeps, self._state_cost, self._patterns)
+        self._pattern_of = np.zeros(17, dtype=np.int64)  # bits -> row of _patterns
+        self._pattern_of[self._states] = np.arange(self._states.size)
         self._byte_price = 0.0
         self.table.add_column("bits", fill=16.0)
 
@@ -267,11 +276,34 @@ class TokenPDMixed(TokenPDPolicy):
         bits = self.table.column("bits")[slots].astype(np.int64)
         return float(self._mixed.costs.cost(bits).sum())
 
+    def _values(self, slots: NDArray[np.int64]) -> NDArray[np.float64]:
+        """(n,) float64 ``g + mu c`` of resident ``slots`` (every stream, in table order)."""
+        table = self.table
+        cfg = self._cfg
+        if not (cfg.copy_bonus or cfg.age_prior or cfg.pool):
+            # Nothing per stream or per neighbourhood: every key is the token's value as
+            # insert or its last observe computed it (new_keys, observed), and nothing
+            # it depends on has changed since.
+            return table.keys(slots)
+        value = np.empty(slots.size)
+        start = 0
+        for stream in table.streams:
+            own = table.resident_slots(stream)
+            value[start : start + own.size] = self._value(own, stream)
+            start += own.size
+        return value
+
     def allocate(self, budget_bytes: float) -> StateChanges:
         """Choose every resident token's state at one price per byte (module docstring).
 
+        The knapsack runs on :class:`~kvpolicy.evict._chains.ScaledChains` (each token's
+        upgrades laid out from its pattern's hull at once), which gives
+        :func:`choose_states`'s answer bit for bit; where it cannot vouch for that
+        (a near tie of slopes, a value near the ends of float64) ``choose_states`` runs.
+
         Returns:
-            Per stream, the positions whose state changed and their new bits (0: evicted).
+            Per stream, the positions whose state changed and their new bits (0: evicted),
+            positions ascending.
 
         Raises:
             TypeError, ValueError: ``budget_bytes`` not a finite number >= 0; nothing
@@ -283,44 +315,43 @@ class TokenPDMixed(TokenPDPolicy):
         if not slots.size:
             return {}
         self._steps += 1
-        value = np.empty(slots.size)
-        start = 0
-        for stream in table.streams:
-            own = table.resident_slots(stream)
-            value[start : start + own.size] = self._value(own, stream)
-            start += own.size
-        value = np.maximum(value, 0.0)
+        value = np.maximum(self._values(slots), 0.0)
         prot = table.protected(slots)
         # Protected tokens are worth more than every other one together.
         value = np.where(prot, value + 1.0 + value.sum(), value)
         bits_col = table.column("bits")
         current = bits_col[slots].astype(np.int64)
-        available = self._allowed[None, :] & (self._states[None, :] <= current[:, None])
-        available[:, 0] = True
-        # A token may stay where it is even when its precision is no longer offered.
-        available |= self._states[None, :] == current[:, None]
-        choice = choose_states(
-            value[:, None] * self._keeps[None, :],
-            self._state_cost,
-            budget,
-            available,
-            priority=table.insertion_order(slots).astype(np.float64),
-        )
+        pattern = self._pattern_of[current]
+        order = table.insertion_order(slots)
+        # Declines values that are not finite too: choose_states then names them.
+        choice = self._chains.choose(value, pattern, budget, order)
+        if choice is None:
+            choice = choose_states(
+                value[:, None] * self._keeps[None, :],
+                self._state_cost,
+                budget,
+                self._patterns[pattern],
+                priority=order.astype(np.float64),
+            )
         self._byte_price = choice.price
         new = self._states[choice.state]
-        changed = new != current
-        if not changed.any():
+        hit = np.flatnonzero(new != current)
+        if not hit.size:
             return {}
-        positions = table.positions_of(slots)
-        counts = [table.stream_tokens(name) for name in table.streams]
-        sids = np.repeat(np.arange(len(counts)), counts)
-        out: dict[str, tuple[list[NDArray[np.int64]], list[NDArray[np.int64]]]] = {}
-        for sid in np.unique(sids[changed]):
-            hit = changed & (sids == sid)
-            out[table.streams[int(sid)]] = ([positions[hit]], [new[hit]])
-        demoted = changed & (new != EVICTED)
-        bits_col[slots[demoted]] = new[demoted].astype(np.float64)
-        gone = slots[changed & (new == EVICTED)]
-        if gone.size:
-            table.release(gone)
-        return _merge(out)
+        # Slots run stream by stream, positions ascending within each (resident_slots).
+        new_hit, slots_hit = new[hit], slots[hit]
+        positions = table.positions_of(slots_hit)
+        ends = np.cumsum([table.stream_tokens(name) for name in table.streams])
+        cuts = np.searchsorted(hit, ends).tolist()
+        out: dict[str, tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
+        a = 0
+        for name, b in zip(table.streams, cuts, strict=True):
+            if b > a:
+                out[name] = (positions[a:b], new_hit[a:b])
+            a = b
+        gone = new_hit == EVICTED
+        kept = ~gone
+        bits_col[slots_hit[kept]] = new_hit[kept].astype(np.float64)
+        if gone.any():
+            table.release(slots_hit[gone])
+        return out
