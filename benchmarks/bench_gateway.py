@@ -11,6 +11,10 @@
   of concurrency 8, each holding up to 4 requests; an independent Redis counter raised after
   each admission and lowered before each release counts the times it passed 8, per 10,000
   decisions. Goal 0.
+* The gateway processes run as ``kvpolicy tenancy serve`` runs them: ``serve`` (uvicorn,
+  with uvloop and httptools where installed, and the front's limits on request heads).
+  ``--gateway-src DIR`` puts ``DIR`` first on their ``PYTHONPATH``: another version of
+  kvpolicy-tenancy (the code before a change) measured under the same load generator.
 * ``overhead_p50_ms`` / ``overhead_p99_ms``: latency through the gateway minus latency of
   calling the simulated backend (``kvpolicy sim backend --model Llama-3-8B --gpu H100-SXM``)
   directly, in the same run, paced at ``rate_rps`` requests/s (500); ``_at_100rps`` and
@@ -60,7 +64,9 @@ In front of a fleet (issue 26; ``--fleet-only`` runs just these, into
   requests/s through that gateway with 32 concurrent clients
   (``fleet_direct_sustained_rps_4_backends``: one upstream alone);
   ``fleet_gateway_cpu_ms_per_request_<n>_backends``: the gateway process's CPU time over
-  that sustained run per request served (on a shared machine, steadier than latencies).
+  that sustained run per request served (on a shared machine, steadier than latencies),
+  ``..._paced_<n>_backends`` over the paced rounds. ``--overhead-only`` also measures
+  each through a gateway over a ``RedisLeaseGate`` (``..._<n>_backends_redis``).
 """
 
 from __future__ import annotations
