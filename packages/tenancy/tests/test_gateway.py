@@ -426,8 +426,18 @@ class TestCharging:
         assert gate.usage("b")["tokens"] == 8 + charged
 
     def test_requests_are_built_as_validated_ones(self) -> None:
-        """The gateway's requests, built without the validators, equal validated ones."""
+        """The gateway's requests, built without the validators, equal validated ones; a
+        configured prompt counter that does not answer a positive int is refused before
+        anything is charged."""
         assert _request("gw-1", 3, 4, "t") == Request("gw-1", 3, 4, tenant="t")
+        body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 1}).encode()
+        for bad in (0, 2.0, None):
+            adm = Admission(
+                LocalGate(TokenPoolGate(_pool(), 1)), KEYS, prompt_tokens=lambda d, c, bad=bad: bad
+            )
+            with pytest.raises(ValueError, match="'prompt_tokens' must count"):
+                asyncio.run(adm.admit("Bearer key-a", body, "/v1/completions"))
+            assert adm.gate.usage()["in_flight"] == 0
 
     def test_prompt_estimate_counts_the_template(self) -> None:
         """2,000 empty messages are 8,003 tokens (4 each and 3 priming the reply), above

@@ -390,8 +390,9 @@ _ARRIVAL = _REQUEST_TEMPLATE.arrival_time
 def _request(request_id: str, prompt_len: int, max_tokens: int, tenant: str) -> Request:
     """``Request(request_id, prompt_len, max_tokens, tenant=tenant)`` built without its
     validators and converters (microseconds on every request): :meth:`Admission.admit`
-    checked each value (positive ints, strings), and the other fields take the defaults a
-    validated ``Request`` has."""
+    checked each value (the prompt count and the output bound positive ints, the tenant a
+    key file's string), and the other fields take the defaults a validated ``Request``
+    has."""
     new = object.__new__(Request)
     values = (request_id, prompt_len, max_tokens, _ARRIVAL, tenant, *_REQUEST_REST)
     for set_field, value in zip(_REQUEST_SET, values, strict=True):
@@ -716,6 +717,8 @@ class Admission:
             body = json.dumps(doc).encode()
         mt = out * (doc.get("n") or 1)
         prompt = self.prompt_tokens(doc, chat)
+        if type(prompt) is not int or prompt < 1:  # a configured counter's answer
+            raise ValueError(f"'prompt_tokens' must count a positive int of tokens: {prompt!r}")
         most = self.gate.max_request_tokens(tenant)
         if prompt + mt > most:
             msg = (
