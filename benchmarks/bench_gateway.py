@@ -11,6 +11,10 @@
   of concurrency 8, each holding up to 4 requests; an independent Redis counter raised after
   each admission and lowered before each release counts the times it passed 8, per 10,000
   decisions. Goal 0.
+* The gateway processes run as ``kvpolicy tenancy serve`` runs them: ``serve`` (uvicorn,
+  with uvloop and httptools where installed, and the front's limits on request heads).
+  ``--gateway-src DIR`` puts ``DIR`` first on their ``PYTHONPATH``: another version of
+  kvpolicy-tenancy (the code before a change) measured under the same load generator.
 * ``overhead_p50_ms`` / ``overhead_p99_ms``: latency through the gateway minus latency of
   calling the simulated backend (``kvpolicy sim backend --model Llama-3-8B --gpu H100-SXM``)
   directly, in the same run, paced at ``rate_rps`` requests/s (500); ``_at_100rps`` and
@@ -60,7 +64,9 @@ In front of a fleet (issue 26; ``--fleet-only`` runs just these, into
   requests/s through that gateway with 32 concurrent clients
   (``fleet_direct_sustained_rps_4_backends``: one upstream alone);
   ``fleet_gateway_cpu_ms_per_request_<n>_backends``: the gateway process's CPU time over
-  that sustained run per request served (on a shared machine, steadier than latencies).
+  that sustained run per request served (on a shared machine, steadier than latencies),
+  ``..._paced_<n>_backends`` over the paced rounds. ``--overhead-only`` also measures
+  each through a gateway over a ``RedisLeaseGate`` (``..._<n>_backends_redis``).
 """
 
 from __future__ import annotations
@@ -244,21 +250,29 @@ def bench_replicas(url: str, decisions: int) -> dict[str, float]:
 _BACKEND = "from kvpolicy.sim.cli import main; main()"
 MODEL = "Llama-3-8B"
 
+# The gateway as ``kvpolicy tenancy serve`` runs it: ``serve`` (uvicorn with the front's
+# limits on request heads) over a LocalGate, or a RedisLeaseGate with a Redis URL;
+# ``python -c _GATEWAY PORT BACKEND[,BACKEND...] [REDIS_URL [ROUTER]]``. With several
+# backends, scrapes and health checks are on (the router: least-requests by default).
 _GATEWAY = """
-import sys, uvicorn
-from kvpolicy.tenancy import RedisLeaseGate, Resources, TokenEntitlement, TokenPool, TokenPoolGate
-from kvpolicy.tenancy.gateway import Admission, LocalGate, create_app
+import sys
+from kvpolicy.tenancy import HealthConfig, RedisLeaseGate, Resources, RoutingConfig
+from kvpolicy.tenancy import TokenEntitlement, TokenPool, TokenPoolGate
+from kvpolicy.tenancy.gateway import Admission, LocalGate, create_app, serve
 ent = TokenEntitlement("a", "elastic", Resources(1e9, 10**15, 10**5), max_output_tokens=16)
 pool = TokenPool("bench", Resources(1e10, 2**53, 10**6), [ent])
-if len(sys.argv) > 3:
+if len(sys.argv) > 3 and sys.argv[3]:
     gate = RedisLeaseGate.from_url(pool, 1, sys.argv[3], namespace="bench-gateway")
 else:
     gate = LocalGate(TokenPoolGate(pool, 1))
-app = create_app(Admission(gate, {"k": "a"}), sys.argv[2])
-uvicorn.run(
-    app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error", access_log=False,
-    proxy_headers=False,
-)
+backends = sys.argv[2].split(",")
+if len(backends) > 1:
+    router = sys.argv[4] if len(sys.argv) > 4 else "least-requests"
+    routing = RoutingConfig(router=router, health=HealthConfig(path="/v1/models"))
+    app = create_app(Admission(gate, {"k": "a"}), backends, routing=routing)
+else:
+    app = create_app(Admission(gate, {"k": "a"}), backends[0])
+serve(app, host="127.0.0.1", port=int(sys.argv[1]))
 """
 
 
@@ -338,8 +352,18 @@ async def _sustained(url: str, seconds: float, clients: int) -> float:
     return done / (time.perf_counter() - start)
 
 
+GATEWAY_SRC: str | None = None
+"""``--gateway-src``: a directory put first on the gateway processes' ``PYTHONPATH`` (to
+measure another version of kvpolicy-tenancy, such as the code before a change, under the
+same load generator and backends)."""
+
+
 def _start(args: list[str], port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-c", *args])
+    env = None
+    if GATEWAY_SRC is not None and args[0] == _GATEWAY:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (GATEWAY_SRC, env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen([sys.executable, "-c", *args], env=env)
     _wait_port(port, proc)
     return proc
 
@@ -630,41 +654,31 @@ def bench_routing(n: int, sizes: tuple[int, ...] = (4, 64)) -> dict[str, Any]:
     return out
 
 
-_FLEET_GATEWAY = """
-import sys, uvicorn
-from kvpolicy.tenancy import HealthConfig, Resources, RoutingConfig, TokenEntitlement
-from kvpolicy.tenancy import TokenPool, TokenPoolGate
-from kvpolicy.tenancy.gateway import Admission, LocalGate, create_app
-ent = TokenEntitlement("a", "elastic", Resources(1e9, 10**15, 10**5), max_output_tokens=16)
-pool = TokenPool("bench", Resources(1e10, 2**53, 10**6), [ent])
-gate = LocalGate(TokenPoolGate(pool, 1))
-routing = RoutingConfig(router=sys.argv[3], health=HealthConfig(path="/v1/models"))
-app = create_app(Admission(gate, {"k": "a"}), sys.argv[2].split(","), routing=routing)
-uvicorn.run(
-    app, host="127.0.0.1", port=int(sys.argv[1]), log_level="critical", access_log=False,
-    proxy_headers=False,
-)
-"""
-
-
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user and system) process ``pid`` used so far (Linux ``/proc``)."""
     fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_fleet_overhead(n: int, rate: float, rounds: int, backends: int = 4) -> dict[str, Any]:
-    """Gateway overhead over ``backends`` instant upstreams (least-requests), paced at
-    ``rate``, against one upstream called directly; then sustained requests/s."""
+def bench_fleet_overhead(
+    n: int, rate: float, rounds: int, backends: int = 4, redis_url: str | None = None
+) -> dict[str, Any]:
+    """Gateway overhead over ``backends`` instant upstreams (least-requests with several),
+    paced at ``rate``, against one upstream called directly; then sustained requests/s.
+    With ``redis_url`` the gateway is over a ``RedisLeaseGate`` (figures ``..._redis``)."""
     ports = [_free_port() for _ in range(backends)]
     procs = [_start([_INSTANT, str(p)], p) for p in ports]
     gw_port = _free_port()
     urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    tag = "" if redis_url is None else "_redis"
     try:
-        procs.append(_start([_FLEET_GATEWAY, str(gw_port), urls, "least-requests"], gw_port))
+        procs.append(_start([_GATEWAY, str(gw_port), urls, redis_url or ""], gw_port))
         direct = f"http://127.0.0.1:{ports[0]}/v1/completions"
         via = f"http://127.0.0.1:{gw_port}/v1/completions"
+        asyncio.run(_paced(via, 200, rate))  # warm up (a Redis gate loads its scripts)
+        cpu_paced = _cpu_s(procs[-1].pid)
         p50s = _paired_p50s(direct, via, n, rate, rounds)
+        cpu_paced = (_cpu_s(procs[-1].pid) - cpu_paced) * 1e3 / (n * rounds)
         direct_rps = asyncio.run(_sustained(direct, 3.0, 32))
         cpu0 = _cpu_s(procs[-1].pid)
         start = time.perf_counter()
@@ -675,13 +689,15 @@ def bench_fleet_overhead(n: int, rate: float, rounds: int, backends: int = 4) ->
         for proc in reversed(procs):
             proc.terminate()
             proc.wait(10)
+    key = f"{backends}_backends{tag}"
     return {
-        f"fleet_overhead_p50_ms_instant_{backends}_backends": _pct(p50s, 0.5),
-        f"fleet_overhead_p50_ms_instant_{backends}_backends_best": min(p50s),
-        f"fleet_overhead_p50_ms_instant_{backends}_backends_rounds": [round(v, 3) for v in p50s],
-        f"fleet_sustained_rps_{backends}_backends": via_rps,
-        f"fleet_gateway_cpu_ms_per_request_{backends}_backends": cpu_ms,
-        f"fleet_direct_sustained_rps_{backends}_backends": direct_rps,
+        f"fleet_overhead_p50_ms_instant_{key}": _pct(p50s, 0.5),
+        f"fleet_overhead_p50_ms_instant_{key}_best": min(p50s),
+        f"fleet_overhead_p50_ms_instant_{key}_rounds": [round(v, 3) for v in p50s],
+        f"fleet_gateway_cpu_ms_per_request_paced_{key}": cpu_paced,
+        f"fleet_sustained_rps_{key}": via_rps,
+        f"fleet_gateway_cpu_ms_per_request_{key}": cpu_ms,
+        f"fleet_direct_sustained_rps_{key}": direct_rps,
     }
 
 
@@ -699,17 +715,28 @@ def main() -> None:
             action="store_true",
             help="only the overhead figures (1 and 4 backends), into bench_gateway_overhead.json",
         )
+        p.add_argument(
+            "--gateway-src",
+            default=None,
+            help="a directory put first on the gateway processes' PYTHONPATH (another "
+            "version of kvpolicy-tenancy, measured under the same load generator)",
+        )
+        p.add_argument("--tag", default="", help="a suffix of the JSON file's name")
 
     args = parse_args(__doc__ or "", more)
+    global GATEWAY_SRC
+    GATEWAY_SRC = args.gateway_src
     n = 5_000 if args.quick else 50_000
     figures: dict[str, Any] = {"cpu_cores": os.cpu_count()}
+    if args.gateway_src:
+        figures["gateway_src"] = args.gateway_src
     if args.fleet_only:
         figures.update(bench_routing(n // 5))
         if _has("uvicorn") and _has("httptools"):
             count, rounds = (500, 1) if args.quick else (2_000, 3)
             figures.update(bench_fleet_overhead(count, 500.0, rounds, backends=1))
             figures.update(bench_fleet_overhead(count, 500.0, rounds, backends=4))
-        path = write_result("bench_gateway_fleet", figures, args.out)
+        path = write_result("bench_gateway_fleet" + args.tag, figures, args.out)
         for key, value in figures.items():
             print(f"{key}: {value}")
         print(path)
@@ -749,8 +776,11 @@ def main() -> None:
             for redis_url in (None, url) if url else (None,):
                 figures.update(bench_overhead_instant(count, 500.0, rounds, redis_url))
             if args.overhead_only:
-                for backends in (1, 4):
-                    figures.update(bench_fleet_overhead(count, 500.0, rounds, backends))
+                for redis_url in (None, url) if url else (None,):
+                    for backends in (1, 4):
+                        figures.update(
+                            bench_fleet_overhead(count, 500.0, rounds, backends, redis_url)
+                        )
             else:
                 figures.update(bench_clients(1_000 if args.quick else 5_000, 3))
             figures["load_average_after"] = os.getloadavg()
@@ -759,7 +789,7 @@ def main() -> None:
             server.terminate()
             server.wait(10)
     name = "bench_gateway_overhead" if args.overhead_only else "bench_gateway"
-    path = write_result(name, figures, args.out)
+    path = write_result(name + args.tag, figures, args.out)
     for key, value in figures.items():
         print(f"{key}: {value}")
     print(path)

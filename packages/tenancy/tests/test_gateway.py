@@ -37,12 +37,15 @@ from kvpolicy.tenancy import (  # noqa: E402
     TokenPool,
     TokenPoolGate,
 )
+from kvpolicy.tenancy._front import front_protocol  # noqa: E402
 from kvpolicy.tenancy.gateway import (  # noqa: E402
     Admission,
+    FrontLimits,
     LocalGate,
     Reply,
     Ticket,
     TokenPoolMiddleware,
+    _request,
     create_admin_app,
     create_app,
     estimate_prompt_tokens,
@@ -101,11 +104,12 @@ def _upstream() -> Starlette:
 
 
 class _Server:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, limits: FrontLimits | None = None) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error")
+        http: Any = "auto" if limits is None else front_protocol(limits)
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error", http=http)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -246,7 +250,14 @@ class TestGateway:
         for s in streams:
             s.close()
         _drained(adm)
-        assert 'reason="concurrency"' in httpx.get(url + "/metrics", headers=ADMIN).text
+        metrics = httpx.get(url + "/metrics", headers=ADMIN).text
+        assert 'kvpolicy_denied_total{entitlement="a",reason="concurrency"} 1.0' in metrics
+        assert 'kvpolicy_admitted_total{entitlement="a"} 2.0' in metrics
+        assert 'kvpolicy_in_flight{entitlement="a"} 0.0' in metrics
+        assert 'kvpolicy_backend_in_flight{backend="' in metrics  # read from the fleet
+        assert "} 0.0" in metrics.split("kvpolicy_backend_in_flight{")[1].split("\n")[0]
+        routed = metrics.split("kvpolicy_backend_routed_total{")[1].split("\n")[0]
+        assert routed.endswith("} 2.0")
 
     def test_disconnect_backend_error_and_timeout_release(
         self, closing: contextlib.ExitStack, gateway: tuple[str, Admission]
@@ -413,6 +424,20 @@ class TestCharging:
         doc = json.loads(ticket.body)
         assert (doc.get("max_tokens"), doc.get("max_completion_tokens")) == sent
         assert gate.usage("b")["tokens"] == 8 + charged
+
+    def test_requests_are_built_as_validated_ones(self) -> None:
+        """The gateway's requests, built without the validators, equal validated ones; a
+        configured prompt counter that does not answer a positive int is refused before
+        anything is charged."""
+        assert _request("gw-1", 3, 4, "t") == Request("gw-1", 3, 4, tenant="t")
+        body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 1}).encode()
+        for bad in (0, 2.0, None):
+            adm = Admission(
+                LocalGate(TokenPoolGate(_pool(), 1)), KEYS, prompt_tokens=lambda d, c, bad=bad: bad
+            )
+            with pytest.raises(ValueError, match="'prompt_tokens' must count"):
+                asyncio.run(adm.admit("Bearer key-a", body, "/v1/completions"))
+            assert adm.gate.usage()["in_flight"] == 0
 
     def test_prompt_estimate_counts_the_template(self) -> None:
         """2,000 empty messages are 8,003 tokens (4 each and 3 priming the reply), above
@@ -615,3 +640,25 @@ class TestRefresh:
                 adm.tick(busy=False)
         assert [a.gate.pool.capacity.tokens_per_s for a in adms] == [10_000, 10_000]
         assert [a.gate.tokens_per_s for a in adms] == [pytest.approx(15_000)] * 2  # type: ignore[attr-defined]
+
+
+class TestFront:
+    def test_each_head_of_a_kept_alive_connection_has_its_deadline(self, upstream: str) -> None:
+        """One timer per connection: a second head that stalls is answered 408 once its
+        own deadline passes (not the first head's, which came in time)."""
+        adm = Admission(LocalGate(TokenPoolGate(_pool(), 1)), KEYS)
+        limits = FrontLimits(header_timeout_s=0.4)
+        with _Server(create_app(adm, upstream), limits) as url:
+            port = int(url.rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+                time.sleep(0.25)  # the first head's timer fires 0.15 s into the second
+                started = time.monotonic()
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+                waited = time.monotonic() - started
+        assert answer.startswith(b"HTTP/1.1 408")
+        assert 0.35 <= waited < 3.0

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from kvpolicy.tenancy._resp import LeanRedis, _reply, pack
+from kvpolicy.tenancy._resp import LeanRedis, _Packer, _reply, pack
 
 redis = pytest.importorskip("redis", reason="redis-py (the 'redis' extra) is not installed")
 
@@ -32,6 +32,28 @@ class TestWire:
         assert end == len(buf)
         with pytest.raises(TypeError, match="bool"):
             pack([True])
+
+    def test_packer_reuses_only_what_cannot_change(self) -> None:
+        """A script's packer gives what ``pack`` gives, call after call: the same objects
+        reuse their encoding, new ones are encoded, and a mutable argument changed in place
+        is encoded anew (its encoding never kept)."""
+        packer = _Packer()
+        common = ["ns", 3, 0.25, b"raw"]
+        buf = bytearray(b"ab")
+        calls = [
+            [*common, "r1", buf],
+            [*common, "r2", buf],  # the bytearray is the same object, its bytes changed
+            [*common[:2], 0.5, b"raw", "r3"],  # a value changed, one argument fewer
+            [*common, "r3", 7, "extra"],
+        ]
+        for i, args in enumerate(calls):
+            if i == 1:
+                buf[:] = b"xyz"
+            assert packer.pack(args) == pack(args)
+        assert packer.bulks[:2] == [b"$2\r\nns\r\n", b"$1\r\n3\r\n"]
+        with pytest.raises(TypeError, match="bool"):
+            packer.pack([*common, True])
+        assert packer.pack(calls[0]) == pack(calls[0])
 
 
 class TestLeanRedis:

@@ -36,11 +36,12 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from typing import Any, TypeVar
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kvpolicy.kvmodel import (
     Autoscaler,
@@ -267,6 +268,27 @@ class Backend:
         return view
 
 
+class _BackendCounts:
+    """``kvpolicy_backend_in_flight`` and ``kvpolicy_backend_routed`` read from the backends'
+    own counts when ``/metrics`` is read (nothing to update per request)."""
+
+    def __init__(self, backends: Sequence[Backend]) -> None:
+        self._backends = backends
+
+    def collect(self) -> Iterator[Metric]:
+        """The counts now (the ``Collector`` protocol)."""
+        in_flight = GaugeMetricFamily(
+            "kvpolicy_backend_in_flight", "Requests in flight per backend", labels=["backend"]
+        )
+        routed = CounterMetricFamily(
+            "kvpolicy_backend_routed", "Requests routed per backend", labels=["backend"]
+        )
+        for b in self._backends:
+            in_flight.add_metric([b.id], b.in_flight)
+            routed.add_metric([b.id], b.routed)
+        return iter((in_flight, routed))
+
+
 class Fleet:
     """The backends behind one gateway, their router and their watchers.
 
@@ -325,20 +347,12 @@ class Fleet:
         self._arrivals = 0
         self._served_tokens = 0
         reg = registry
-        self.m_in_flight = Gauge(
-            "kvpolicy_backend_in_flight",
-            "Requests in flight per backend",
-            ["backend"],
-            registry=reg,
-        )
+        reg.register(_BackendCounts(self.backends))  # kvpolicy_backend_in_flight, _routed
         self.m_up = Gauge(
             "kvpolicy_backend_up",
             "1 when the backend takes new requests (not ejected or draining)",
             ["backend"],
             registry=reg,
-        )
-        self.m_routed = Counter(
-            "kvpolicy_backend_routed", "Requests routed per backend", ["backend"], registry=reg
         )
         self.m_failures = Counter(
             "kvpolicy_backend_failures",
@@ -373,12 +387,9 @@ class Fleet:
             ["pool"],
             registry=reg,
         )
-        self._routed = {b.id: self.m_routed.labels(b.id) for b in self.backends}
-        self._inflight_g = {b.id: self.m_in_flight.labels(b.id) for b in self.backends}
         for b in self.backends:
             self.m_up.labels(b.id).set(1)
             self.m_age.labels(b.id).set(-1)
-            self._inflight_g[b.id].set(0)
         self.m_share.labels(pool_name).set(1.0)
 
     # -- routing -------------------------------------------------------------------------
@@ -483,8 +494,12 @@ class Fleet:
 
     def _touch(self, backend: Backend) -> None:
         """What ``backend``'s view shows changed (its counts, scrape or draining): its view
-        is rebuilt now, when the change happens, and not by the next routing decision."""
+        is rebuilt now, when the change happens, and not by the next routing decision
+        (without a router no decision reads it: :meth:`Backend.view` rebuilds it when
+        asked)."""
         backend.version += 1
+        if self.router is None:
+            return
         view = backend._base(time.monotonic(), self.config)
         self._set_view(backend, view)
         if len(backend.index) and reads_prefix_blocks(self.router):
@@ -504,8 +519,6 @@ class Fleet:
         backend.routed += 1
         self._touch(backend)
         self._arrivals += 1
-        self._routed[backend.id].inc()
-        self._inflight_g[backend.id].set(backend.in_flight)
         if hashes:
             self.prefix.add(backend.id, hashes)
 
@@ -515,7 +528,6 @@ class Fleet:
         backend.tokens -= tokens
         self._touch(backend)
         self._served_tokens += served
-        self._inflight_g[backend.id].set(backend.in_flight)
 
     def failed(self, backend: Backend, kind: str, why: str) -> None:
         """A request or check to ``backend`` failed as a dead server fails (``kind``:

@@ -65,22 +65,30 @@ def front_protocol(limits: FrontLimits) -> type[asyncio.Protocol]:
         _in_head = True
         _too_big = False
         _head_timer: asyncio.TimerHandle | None = None
+        _head_deadline = 0.0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._start_head()
 
         def _start_head(self) -> None:
+            # One timer per connection, not one per request: a head's start only moves the
+            # deadline, and a timer that fires before it (set for an earlier head) is set
+            # again for what remains.
             self._in_head = True
             self._head_bytes = self._head_size = self._head_count = 0
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-            self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_late)
+            self._head_deadline = self.loop.time() + limits.header_timeout_s
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_at(self._head_deadline, self._head_late)
 
         def _head_late(self) -> None:
             self._head_timer = None
-            if self._in_head and not self.transport.is_closing():
-                self._refuse(_408)
+            if not self._in_head or self.transport.is_closing():
+                return  # the head came in time: the next one sets its timer
+            if self.loop.time() < self._head_deadline:  # a later head's: not yet
+                self._head_timer = self.loop.call_at(self._head_deadline, self._head_late)
+                return
+            self._refuse(_408)
 
         def _refuse(self, answer: bytes) -> None:
             self._in_head = False
@@ -132,10 +140,7 @@ def front_protocol(limits: FrontLimits) -> type[asyncio.Protocol]:
             super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
-            self._in_head = False
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
+            self._in_head = False  # the timer, if it fires, finds nothing late
             super().on_headers_complete()
 
     return FrontProtocol

@@ -160,10 +160,9 @@ def admission_decision(
     base = ent.baseline
     protected = ent.service_class.protected
     within = protected and s.in_flight + 1 <= base.concurrency and s.kv_bytes + kv <= base.kv_bytes
-    denied = attrs.evolve(s, contended=s.contended + 1)
     if within and not config.overcommit and cost > pool_level:  # §4.3 check (5)
         w = wait(0, 0, cost - pool_level, 0, 0, 0, cap.tokens_per_s)
-        return GateDecision(False, w, "pool-full"), denied, None
+        return GateDecision(False, w, "pool-full"), _contended(s), None
     res_tps, res_kv, res_slots = reserved
     over = False  # admitted over a contended pool on priority (check 6)
     if not within:  # §4.3 checks (5) and (6): a full pool, pool contention
@@ -210,7 +209,7 @@ def admission_decision(
                 ps.kv_bytes,
                 cap.tokens_per_s,
             )
-            return GateDecision(False, w, reason), denied, None
+            return GateDecision(False, w, reason), _contended(s), None
 
     if protected:
         n = s.in_flight
@@ -250,6 +249,11 @@ def admission_decision(
         ps.next_tick,
     )
     return _ADMIT, new_s, new_ps
+
+
+def _contended(s: EntitlementState) -> EntitlementState:
+    """``s`` having met a contended pool once more."""
+    return attrs.evolve(s, contended=s.contended + 1)
 
 
 def _wait(

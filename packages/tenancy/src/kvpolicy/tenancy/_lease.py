@@ -105,6 +105,9 @@ class LeaseRelease:
     """Its priority weight after the release (``None`` likewise)."""
 
 
+_ADMIT = GateDecision(admitted=True)
+
+
 def _count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"'{name}' must be int: {value!r}")
@@ -571,7 +574,7 @@ class RedisLeaseGate:
         if status == 1:
             with self._lock:
                 self._held[rid] = (request.tenant, tok, kv)
-            return GateDecision(admitted=True)
+            return _ADMIT
         cfg = self._config
         reason = _text(res[1])
         if reason == "state-unavailable":  # the recovery window: its remaining seconds

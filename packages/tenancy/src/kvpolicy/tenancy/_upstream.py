@@ -175,7 +175,8 @@ class UpstreamReply(asyncio.Protocol):
         Raises:
             UpstreamError: the backend broke off; UpstreamTimeoutError: it was silent too long.
         """
-        await self._wait(lambda: bool(self._chunks) or self._done, self._owner.read_timeout_s)
+        if not self._chunks and not self._done:
+            await self._wait(self._has_body, self._owner.read_timeout_s)
         if not self._chunks:
             return b""
         out = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
@@ -186,6 +187,18 @@ class UpstreamReply(asyncio.Protocol):
             if self._transport is not None:
                 self._transport.resume_reading()
         return out
+
+    def _has_body(self) -> bool:
+        return bool(self._chunks) or self._done
+
+    def _has_head(self) -> bool:
+        return self._headers_done
+
+    @property
+    def complete(self) -> bool:
+        """Whether the whole body has been returned by :meth:`chunk` (the next call gives
+        ``b""``)."""
+        return self._done and not self._chunks
 
     def release(self) -> None:
         """Hand the connection back: kept for the next request when the answer was read
@@ -205,7 +218,8 @@ class UpstreamReply(asyncio.Protocol):
         self._transport.write(head + body if len(body) < 65_536 else head)
         if len(body) >= 65_536:
             self._transport.write(body)
-        await self._wait(lambda: self._headers_done, timeout)
+        if not self._headers_done:
+            await self._wait(self._has_head, timeout)
 
 
 _HIGH_WATER = 1 << 20  # bytes of an answer buffered before reading from the backend pauses

@@ -31,14 +31,16 @@ import os
 import re
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+import attrs
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kvpolicy.kvmodel import GateDecision, Request
 from kvpolicy.tenancy._backends import FleetSettings, fleet_settings
-from kvpolicy.tenancy._entitlements import TokenEntitlement, TokenPool, fundable_tokens
+from kvpolicy.tenancy._entitlements import Resources, TokenEntitlement, TokenPool, fundable_tokens
 from kvpolicy.tenancy._errors import UnknownRequestError
 from kvpolicy.tenancy._front import FrontLimits, front_protocol
 from kvpolicy.tenancy._gate import TokenPoolGate
@@ -100,6 +102,8 @@ class LocalGate:
         self._gate = gate
         self._t0 = time.monotonic()
         self._held: dict[str, tuple[Request, int]] = {}  # id -> (request, tokens charged)
+        # tenant -> (its limits, the pool's capacity, the largest charge they fund)
+        self._fundable: dict[str, tuple[Resources, Resources, int]] = {}
 
     @property
     def pool(self) -> TokenPool:
@@ -112,13 +116,17 @@ class LocalGate:
 
     def max_request_tokens(self, tenant: str) -> int:
         """The largest ``prompt_len + max_output_tokens`` the entitlement can ever fund."""
-        ent = self.entitlement(tenant)
+        gate = self._gate
+        ent = gate.entitlement(tenant)
         if ent is None:
             return 0
-        gate = self._gate
-        return fundable_tokens(
-            ent.limits, self.pool.capacity, gate.config.window_s, gate.bytes_per_token
-        )
+        limits, capacity = ent.limits, gate.pool.capacity
+        known = self._fundable.get(tenant)
+        if known is not None and known[0] is limits and known[1] is capacity:
+            return known[2]  # the same limits (a rescale replaces them): the same answer
+        most = fundable_tokens(limits, capacity, gate.config.window_s, gate.bytes_per_token)
+        self._fundable[tenant] = (limits, capacity, most)
+        return most
 
     def check(
         self,
@@ -370,6 +378,28 @@ def estimate_prompt_tokens(doc: Mapping[str, Any], chat: bool) -> int:
     return max(1, total)
 
 
+_REQUEST_NAMES = tuple(a.name for a in attrs.fields(Request))
+if _REQUEST_NAMES[:5] != ("request_id", "prompt_len", "decode_len", "arrival_time", "tenant"):
+    raise ImportError("kvpolicy-tenancy's gateway requests do not match kvmodel's Request")
+_REQUEST_SET = tuple(Request.__dict__[name].__set__ for name in _REQUEST_NAMES)
+_REQUEST_TEMPLATE = Request("template", 1, 1)  # the other fields' defaults, as built
+_REQUEST_REST = tuple(getattr(_REQUEST_TEMPLATE, name) for name in _REQUEST_NAMES[5:])
+_ARRIVAL = _REQUEST_TEMPLATE.arrival_time
+
+
+def _request(request_id: str, prompt_len: int, max_tokens: int, tenant: str) -> Request:
+    """``Request(request_id, prompt_len, max_tokens, tenant=tenant)`` built without its
+    validators and converters (microseconds on every request): :meth:`Admission.admit`
+    checked each value (the prompt count and the output bound positive ints, the tenant a
+    key file's string), and the other fields take the defaults a validated ``Request``
+    has."""
+    new = object.__new__(Request)
+    values = (request_id, prompt_len, max_tokens, _ARRIVAL, tenant, *_REQUEST_REST)
+    for set_field, value in zip(_REQUEST_SET, values, strict=True):
+        set_field(new, value)
+    return new
+
+
 def _positive(doc: Mapping[str, Any], key: str) -> int | str | None:
     """``doc[key]`` as a positive int, ``None`` when absent or null, else an error message."""
     value = doc.get(key)
@@ -520,20 +550,66 @@ class Ticket:
         return prompt + self.output_tokens
 
 
-class _Labelled:
-    """One Prometheus metric's per-entitlement children, looked up once each."""
+class _Stats:
+    """One entitlement's counters in the gateway (plain numbers, read at scrape time)."""
 
-    __slots__ = ("children", "metric")
+    __slots__ = (
+        "admitted",
+        "booked",
+        "debt",
+        "denied",
+        "in_flight",
+        "latency",
+        "priority",
+        "tokens",
+    )
 
-    def __init__(self, metric: Any) -> None:
-        self.metric = metric
-        self.children: dict[tuple[str, ...], Any] = {}
+    def __init__(self) -> None:
+        self.admitted = 0
+        self.denied: dict[str, int] = {}
+        self.in_flight = 0
+        self.booked = 0  # releases booked (tokens and latency are shown from the first)
+        self.tokens = 0
+        self.latency = 0.0
+        self.debt: float | None = None
+        self.priority: float | None = None
 
-    def __call__(self, *labels: str) -> Any:
-        child = self.children.get(labels)
-        if child is None:
-            child = self.children[labels] = self.metric.labels(*labels)
-        return child
+
+class _AdmissionMetrics:
+    """The Prometheus families of :class:`Admission`'s counters, built when ``/metrics`` is
+    read: a request only adds to plain numbers (a ``prometheus_client`` metric takes a lock
+    and a label lookup per update, ten of them per request)."""
+
+    def __init__(self, stats: dict[str, _Stats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        """The counters now (the ``Collector`` protocol)."""
+        label = ["entitlement"]
+        admitted = CounterMetricFamily("kvpolicy_admitted", "Requests admitted", labels=label)
+        denied = CounterMetricFamily(
+            "kvpolicy_denied", "Requests denied", labels=[*label, "reason"]
+        )
+        in_flight = GaugeMetricFamily("kvpolicy_in_flight", "Requests in flight", labels=label)
+        tokens = CounterMetricFamily("kvpolicy_tokens", "Tokens served", labels=label)
+        debt = GaugeMetricFamily("kvpolicy_debt", "Service debt (eq. 2)", labels=label)
+        priority = GaugeMetricFamily("kvpolicy_priority", "Priority weight (eq. 1)", labels=label)
+        latency = CounterMetricFamily(
+            "kvpolicy_latency_seconds", "Summed request latency", labels=label
+        )
+        for tenant, s in list(self._stats.items()):
+            for reason, n in list(s.denied.items()):
+                denied.add_metric([tenant, reason], n)
+            if s.admitted:
+                admitted.add_metric([tenant], s.admitted)
+                in_flight.add_metric([tenant], s.in_flight)
+            if s.booked:
+                tokens.add_metric([tenant], s.tokens)
+                latency.add_metric([tenant], s.latency)
+            if s.debt is not None and s.priority is not None:
+                debt.add_metric([tenant], s.debt)
+                priority.add_metric([tenant], s.priority)
+        return iter((admitted, denied, in_flight, tokens, debt, priority, latency))
 
 
 class Admission:
@@ -580,23 +656,10 @@ class Admission:
         self._t0 = time.monotonic()
         self._ticked = 0.0
         self.registry = CollectorRegistry()
-        labels = ["entitlement"]
-        reg = self.registry
-        self.admitted = Counter("kvpolicy_admitted", "Requests admitted", labels, registry=reg)
-        self.denied = Counter(
-            "kvpolicy_denied", "Requests denied", [*labels, "reason"], registry=reg
-        )
-        self.in_flight = Gauge("kvpolicy_in_flight", "Requests in flight", labels, registry=reg)
-        self.tokens = Counter("kvpolicy_tokens", "Tokens served", labels, registry=reg)
-        self.debt = Gauge("kvpolicy_debt", "Service debt (eq. 2)", labels, registry=reg)
-        self.priority = Gauge("kvpolicy_priority", "Priority weight (eq. 1)", labels, registry=reg)
-        self.latency = Counter(
-            "kvpolicy_latency_seconds", "Summed request latency", labels, registry=reg
-        )
-        self._admitted, self._denied = _Labelled(self.admitted), _Labelled(self.denied)
-        self._in_flight, self._tokens = _Labelled(self.in_flight), _Labelled(self.tokens)
-        self._debt, self._priority = _Labelled(self.debt), _Labelled(self.priority)
-        self._latency = _Labelled(self.latency)
+        self.stats: dict[str, _Stats] = {}
+        """Each entitlement's counters (exported as ``kvpolicy_admitted``, ``_denied``,
+        ``_in_flight``, ``_tokens``, ``_debt``, ``_priority`` and ``_latency_seconds``)."""
+        self.registry.register(_AdmissionMetrics(self.stats))
 
     async def admit(self, auth: str, body: bytes, path: str | None = None) -> Ticket | Reply:
         """Check one request (``auth``: its ``Authorization`` header; ``path``: its endpoint,
@@ -654,6 +717,8 @@ class Admission:
             body = json.dumps(doc).encode()
         mt = out * (doc.get("n") or 1)
         prompt = self.prompt_tokens(doc, chat)
+        if type(prompt) is not int or prompt < 1:  # a configured counter's answer
+            raise ValueError(f"'prompt_tokens' must count a positive int of tokens: {prompt!r}")
         most = self.gate.max_request_tokens(tenant)
         if prompt + mt > most:
             msg = (
@@ -661,10 +726,11 @@ class Admission:
                 f"entitlement of this API key can ever fund ({most} tokens)."
             )
             return _error(400, msg, "invalid_request_error", "oversized")
-        req = Request(f"gw-{_RUN}-{next(_ids)}", prompt, mt, tenant=tenant)
+        req = _request(f"gw-{_RUN}-{next(_ids)}", prompt, mt, tenant)
         decision = await self.gate.acheck(req, max_output_tokens=mt)
         if not decision.admitted:
-            self._denied(tenant, decision.reason).inc()
+            stats = self._stats(tenant)
+            stats.denied[decision.reason] = stats.denied.get(decision.reason, 0) + 1
             if self.refresh is not None:
                 self.refresh.denied(decision.reason)
             retry = max(1, math.ceil(decision.retry_after))
@@ -672,8 +738,9 @@ class Admission:
             return _error(
                 429, msg, "rate_limit_exceeded", decision.reason, {"Retry-After": str(retry)}
             )
-        self._admitted(tenant).inc()
-        self._in_flight(tenant).inc()
+        stats = self._stats(tenant)
+        stats.admitted += 1
+        stats.in_flight += 1
         ticket = Ticket(req, body, bool(doc.get("stream")), mt)
         ticket.doc, ticket.chat = doc, chat
         return ticket
@@ -783,13 +850,20 @@ class Admission:
             ttft = ticket.first - ticket.started
             tpot = (end - ticket.first) / max(1, ticket.output_tokens - 1)
             self.refresh.completed(out.charged_tokens, ttft, tpot)
-        self._in_flight(tenant).dec()
-        self._tokens(tenant).inc(out.charged_tokens)
-        self._latency(tenant).inc(time.monotonic() - ticket.started)
+        stats = self._stats(tenant)
+        stats.in_flight -= 1
+        stats.booked += 1
+        stats.tokens += out.charged_tokens
+        stats.latency += time.monotonic() - ticket.started
         if out.debt is not None and out.priority is not None:
-            self._debt(tenant).set(out.debt)
-            self._priority(tenant).set(out.priority)
+            stats.debt, stats.priority = out.debt, out.priority
         return out
+
+    def _stats(self, tenant: str) -> _Stats:
+        stats = self.stats.get(tenant)
+        if stats is None:
+            stats = self.stats[tenant] = _Stats()
+        return stats
 
     async def aclose(self) -> None:
         """Close the gate's connections on this event loop (at shutdown)."""
@@ -850,6 +924,20 @@ async def _refuse_websocket(receive: Receive, send: Send) -> None:
     message = await receive()
     if message["type"] == "websocket.connect":
         await send({"type": "websocket.close", "code": 1008})
+
+
+class _Late:
+    """A request body's deadline: when called, cancels the request's task and says so."""
+
+    __slots__ = ("fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.fired = False
+
+    def __call__(self) -> None:
+        self.fired = True
+        self.task.cancel()
 
 
 class _Gateway:
@@ -959,14 +1047,24 @@ class _Gateway:
         lease is released in every case, exactly once.
         """
         adm = self.admission
+        task = asyncio.current_task()
+        assert task is not None
+        # The body's deadline: a timer cancelling this task (asyncio.timeout's context
+        # manager costs three times as much, on every request).
+        late = _Late(task)
+        timer = asyncio.get_running_loop().call_later(self.body_timeout_s, late)
         try:
-            async with asyncio.timeout(self.body_timeout_s):
-                body = await _read_body(scope, receive, adm.max_body_bytes)
-        except TimeoutError:
+            body = await _read_body(scope, receive, adm.max_body_bytes)
+        except asyncio.CancelledError:
+            if not late.fired:
+                raise
+            task.uncancel()
             await _TOO_SLOW(scope, receive, send)
             return
         except _ClientGoneError:
             return
+        finally:
+            timer.cancel()
         if body is None:
             await _TOO_LARGE(scope, receive, send)
             return
@@ -975,8 +1073,6 @@ class _Gateway:
             await got(scope, receive, send)
             return
         ticket = got
-        task = asyncio.current_task()
-        assert task is not None
         gone = False
 
         async def watch() -> None:
@@ -1065,8 +1161,12 @@ class _Gateway:
                 if ok and not ticket.first:
                     ticket.first = time.monotonic()
                 adm.observe(ticket, chunk)
+                if upstream.complete:  # the answer's last bytes end the reply: one write
+                    await send({"type": "http.response.body", "body": chunk})
+                    break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
+            else:
+                await send({"type": "http.response.body", "body": b""})
             if upstream.status < 500:
                 self.fleet.succeeded(backend)
         except UpstreamError as err:  # the backend broke off or fell silent: end here
