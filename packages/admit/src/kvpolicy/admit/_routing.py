@@ -23,6 +23,7 @@ from attrs import define, field, frozen
 
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
+from kvpolicy.admit._prefix import TierCredit
 from kvpolicy.kvmodel import (
     ReplicaView,
     ReplicaViews,
@@ -128,34 +129,7 @@ def prefix_match(
     Returns:
         A fraction in [0, 1] (1: every block resident on the GPU tier at weight 1).
     """
-    return _match(request.block_hashes, replica, _tier_order(tier_weights))
-
-
-def _tier_order(tier_weights: Mapping[str, float]) -> tuple[tuple[float, str], ...]:
-    """``(weight, tier)`` pairs, heaviest first (equal weights in the mapping's order)."""
-    return tuple(sorted(((w, t) for t, w in tier_weights.items()), key=lambda p: -p[0]))
-
-
-def _match(
-    hashes: tuple[int, ...], replica: ReplicaView, order: tuple[tuple[float, str], ...]
-) -> float:
-    """:func:`prefix_match` with the tiers already ordered by :func:`_tier_order`."""
-    total = len(hashes)
-    if total == 0 or not replica.prefix_blocks:
-        return 0.0
-    tiers = [(w, replica.resident(t)) for w, t in order]
-    first = hashes[0]
-    if not any(first in held for _, held in tiers):
-        return 0.0
-    credit = 0.0
-    for h in hashes:
-        for w, held in tiers:
-            if h in held:
-                credit += w
-                break
-        else:
-            break
-    return credit / total
+    return TierCredit(tier_weights).match(request.block_hashes, replica.prefix_blocks)
 
 
 def _least_requests(eligible: Sequence[ReplicaView]) -> ReplicaView:
@@ -247,8 +221,19 @@ class LeastKVRouter:
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        keys = [(r.kv_usage, r.running + r.waiting) for r in eligible]
-        return eligible[keys.index(min(keys))].replica_id
+        usage = [r.kv_usage for r in eligible]
+        low = min(usage)
+        ties = usage.count(low)
+        if ties == 1:
+            return eligible[usage.index(low)].replica_id
+        if ties == len(usage):  # all alike (no KV signal): the fewest outstanding
+            return _least_requests(eligible).replica_id
+        if math.isnan(sum(usage)):
+            # A NaN usage (a view built unchecked): the pairs' own order, as it always was.
+            keys = [(r.kv_usage, r.running + r.waiting) for r in eligible]
+            return eligible[keys.index(min(keys))].replica_id
+        tied = [r for r, u in zip(eligible, usage, strict=True) if u == low]
+        return _least_requests(tied).replica_id
 
 
 @define
@@ -285,25 +270,30 @@ class PrefixAwareRouter:
 
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
-    _order: tuple[tuple[float, str], ...] = field(init=False, repr=False, eq=False)
+    _credit: TierCredit = field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "_order", _tier_order(self.tier_weights))
+        object.__setattr__(self, "_credit", TierCredit(self.tier_weights))
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica of highest match, then fewest outstanding, then first."""
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        hashes, order = request.block_hashes, self._order
-        # Only the replicas reporting blocks can match (the others score 0).
-        held = [r for r in eligible if r.prefix_blocks] if hashes else []
-        scores = [_match(hashes, r, order) for r in held]
-        best = max(scores, default=0.0)
-        if best == 0.0:
-            return _least_requests(eligible).replica_id
-        hits = [r for r, s in zip(held, scores, strict=True) if s == best]
-        return _least_requests(hits).replica_id
+        hashes = request.block_hashes
+        if hashes:
+            # Only the replicas reporting blocks can match (the others score 0).
+            held = [r for r in eligible if r.prefix_blocks]
+            if held:
+                match = self._credit.match
+                scores = [match(hashes, r.prefix_blocks) for r in held]
+                best = max(scores)
+                if best != 0.0:
+                    if len(held) == 1:
+                        return held[0].replica_id
+                    hits = [r for r, s in zip(held, scores, strict=True) if s == best]
+                    return _least_requests(hits).replica_id
+        return _least_requests(eligible).replica_id
 
 
 @runtime_checkable
@@ -333,17 +323,17 @@ class PrefixScorer:
 
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
-    _order: tuple[tuple[float, str], ...] = field(init=False, repr=False, eq=False)
+    _credit: TierCredit = field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "_order", _tier_order(self.tier_weights))
+        object.__setattr__(self, "_credit", TierCredit(self.tier_weights))
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """:func:`prefix_match` of each replica."""
-        hashes, order = request.block_hashes, self._order
+        hashes, match = request.block_hashes, self._credit.match
         if not hashes:
             return (0.0,) * len(replicas)
-        return tuple([_match(hashes, r, order) if r.prefix_blocks else 0.0 for r in replicas])
+        return tuple([match(hashes, r.prefix_blocks) if r.prefix_blocks else 0.0 for r in replicas])
 
 
 @frozen
@@ -451,6 +441,9 @@ def _scorers(value: object) -> tuple[tuple[ReplicaScorer, float], ...]:
     return tuple(out)
 
 
+_Plan = tuple[tuple[type, float, TierCredit | None], ...]
+"""A weighted router's scorers as ``(type, weight, its TierCredit or None)``."""
+
 _LLMD_WEIGHTS: Mapping[str, float] = MappingProxyType({"prefix": 3.0, "queue": 2.0, "kv": 2.0})
 
 
@@ -469,16 +462,15 @@ class WeightedRouter:
     )
     """``(scorer, weight)`` pairs, or a mapping of scorer names (``kv``, ``prefix``,
     ``queue``, ``requests``) or scorers to weights (>= 0, not all 0)."""
-    _plan: tuple[tuple[type, float, tuple[tuple[float, str], ...]], ...] | None = field(
-        init=False, repr=False, eq=False
-    )
+    _plan: _Plan | None = field(init=False, repr=False, eq=False)
     _reads_prefix: bool = field(init=False, repr=False, eq=False)
     _reads_kv: bool = field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         # Scorers of this module's own types are computed inline (see _fused).
         plan = tuple(
-            (type(scorer), weight, getattr(scorer, "_order", ())) for scorer, weight in self.scorers
+            (type(scorer), weight, getattr(scorer, "_credit", None))
+            for scorer, weight in self.scorers
         )
         known = all(kind in _INLINE for kind, _, _ in plan)
         object.__setattr__(self, "_plan", plan if known else None)
@@ -532,28 +524,34 @@ class WeightedRouter:
 _INLINE = frozenset({KVScorer, PrefixScorer, QueueScorer, RequestsScorer})
 
 
-def _fused(
-    plan: tuple[tuple[type, float, tuple[tuple[float, str], ...]], ...],
-    hashes: tuple[int, ...],
-    eligible: Sequence[ReplicaView],
-) -> list[float]:
+def _fused(plan: _Plan, hashes: tuple[int, ...], eligible: Sequence[ReplicaView]) -> list[float]:
     """What :meth:`WeightedRouter._totals` gives for scorers of this module's own types,
-    bit for bit, in fewer passes over the replicas.
+    bit for bit, in one pass over the replicas per load scorer.
 
-    Each load scorer's weighted column is the same product its ``score`` gives, and they
-    are summed in the scorers' order. A prefix score is 0 on a replica without prefix
-    blocks, and adding ``weight * 0.0`` to a sum of non-negative terms changes nothing, so
-    the prefix terms are left out there; the few replicas with blocks have their totals
-    summed again in the scorers' order with every term.
+    Each load scorer's weighted term is the same product its ``score`` gives, added to the
+    running totals in the scorers' order as it is computed (a column of equal values is
+    one product, repeated). A prefix score is 0 on a replica without prefix blocks, and
+    adding ``weight * 0.0`` to a sum of non-negative terms changes nothing, so the prefix
+    terms are left out there; the few replicas with blocks have their totals summed again
+    in the scorers' order with every term.
     """
     n = len(eligible)
-    columns: list[list[float]] = []
+    totals: list[float] | None = None
+    base: float | None = None  # every total while each column so far held equal values
+    spans: list[tuple[int, int]] = []  # (max, max - min) of each min-max scorer, in order
     prefix = False
     for kind, weight, _ in plan:
         if kind is PrefixScorer:
             prefix = True
         elif kind is KVScorer:
-            columns.append([weight * (1.0 - r.kv_usage) for r in eligible])
+            if totals is not None:
+                totals = [
+                    t + weight * (1.0 - r.kv_usage) for t, r in zip(totals, eligible, strict=True)
+                ]
+            elif base is not None:
+                totals = [base + weight * (1.0 - r.kv_usage) for r in eligible]
+            else:
+                totals = [weight * (1.0 - r.kv_usage) for r in eligible]
         else:
             values = (
                 [r.waiting for r in eligible]
@@ -561,29 +559,44 @@ def _fused(
                 else [r.running + r.waiting for r in eligible]
             )
             low, high = min(values), max(values)
-            if high == low:
-                columns.append([weight * 1.0] * n)
+            span = high - low
+            spans.append((high, span))
+            if not span:  # all equal: 1 for every replica
+                term = weight * 1.0
+                if totals is not None:
+                    totals = [t + term for t in totals]
+                else:
+                    base = term if base is None else base + term
+            elif totals is not None:
+                totals = [
+                    t + weight * ((high - v) / span) for t, v in zip(totals, values, strict=True)
+                ]
+            elif base is not None:
+                totals = [base + weight * ((high - v) / span) for v in values]
             else:
-                span = high - low
-                columns.append([weight * ((high - v) / span) for v in values])
-    if not columns:
-        totals = [0.0] * n
-    else:
-        totals = columns[0]
-        for column in columns[1:]:
-            totals = [t + c for t, c in zip(totals, column, strict=True)]
+                totals = [weight * ((high - v) / span) for v in values]
+    if totals is None:
+        totals = [0.0 if base is None else base] * n
     if not (prefix and hashes):
         return totals
     for i in [i for i, r in enumerate(eligible) if r.prefix_blocks]:
         r = eligible[i]
         total: float | None = None
         k = 0
-        for kind, weight, order in plan:
+        for kind, weight, credit in plan:
             if kind is PrefixScorer:
-                term = weight * _match(hashes, r, order)
+                assert credit is not None
+                term = weight * credit.match(hashes, r.prefix_blocks)
+            elif kind is KVScorer:
+                term = weight * (1.0 - r.kv_usage)
             else:
-                term = columns[k][i]
+                high, span = spans[k]
                 k += 1
+                if not span:
+                    term = weight * 1.0
+                else:
+                    v = r.waiting if kind is QueueScorer else r.running + r.waiting
+                    term = weight * ((high - v) / span)
             total = term if total is None else total + term
         assert total is not None
         totals[i] = total
