@@ -190,7 +190,7 @@ def fleets(seed: int, count: int) -> list[tuple[RoutingRequest, list[ReplicaView
     return out
 
 
-CASES = fleets(2026, 1_500)
+CASES = fleets(2026, 1_000)
 
 
 def _shapes(views: list[ReplicaView]) -> tuple[Sequence[ReplicaView], ...]:
@@ -279,6 +279,56 @@ def test_weighted_through_scorer_objects_decides_alike() -> None:
     )
     for request, views in CASES:
         assert inline.route(request, views) == general.route(request, views)
+
+
+def _evolving(seed: int, steps: int) -> list[tuple[RoutingRequest, Sequence[ReplicaView]]]:
+    """One fleet shown step after step as a fleet shows it: mostly the same view objects,
+    a few replaced (a replica's load changed), sometimes the very same sequence again,
+    sometimes a replica more or less, draining or not."""
+    rng = random.Random(seed)
+    views = [_view(rng, i) for i in range(rng.randrange(8, 24))]
+    shown: Sequence[ReplicaView] = ReplicaViews(views)
+    out: list[tuple[RoutingRequest, Sequence[ReplicaView]]] = []
+    for k in range(steps):
+        x = rng.random()
+        if x < 0.6:
+            for _ in range(rng.randrange(1, 4)):
+                i = rng.randrange(len(views))
+                views[i] = _view(rng, int(views[i].replica_id[1:]))
+                if rng.random() < 0.3:
+                    views[i] = _live(views[i])
+            shown = ReplicaViews(views) if rng.random() < 0.8 else list(views)
+        elif x < 0.7:
+            if len(views) > 1 and rng.random() < 0.5:
+                del views[rng.randrange(len(views))]
+            else:
+                views.append(_view(rng, len(views) + 100 + k))
+            shown = ReplicaViews(views)
+        elif x < 0.75:
+            views = [_view(rng, i) for i in range(len(views))]  # every view new
+            shown = ReplicaViews(views)
+        # else: the same sequence again
+        blocks = tuple(range(rng.randrange(0, 12)))
+        out.append((RoutingRequest(f"q{k}", 16 * len(blocks) + 1, blocks), shown))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_routers_follow_an_evolving_fleet(seed: int) -> None:
+    """Routers that keep what they read of the views last shown decide, step after step,
+    as the rules do on each step's views alone."""
+    scorers = SCORERS[seed % len(SCORERS)]
+    lk, lr, pa = LeastKVRouter(), LeastRequestsRouter(), PrefixAwareRouter()
+    wd, wn = WeightedRouter(), WeightedRouter(scorers)
+    plan = [(name, w, DEFAULT_TIER_WEIGHTS) for name, w in scorers.items()]
+    llmd = [("prefix", 3.0, DEFAULT_TIER_WEIGHTS), ("queue", 2.0, {}), ("kv", 2.0, {})]
+    for request, shown in _evolving(seed, 400):
+        views = list(shown)
+        assert lk.route(request, shown) == least_kv(views)
+        assert lr.route(request, shown) == least_requests(views)
+        assert pa.route(request, shown) == prefix_aware(request, views, DEFAULT_TIER_WEIGHTS)
+        assert wd.route(request, shown) == weighted(request, views, llmd)
+        assert wn.route(request, shown) == weighted(request, views, plan)
 
 
 def test_cursor_and_seeded_routers() -> None:

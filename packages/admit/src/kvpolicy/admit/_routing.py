@@ -15,12 +15,16 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress, repeat
+from operator import eq
 from types import MappingProxyType
 from typing import ClassVar, Protocol, cast, runtime_checkable
 
 import attrs
 from attrs import define, field, frozen
 
+from kvpolicy.admit._columns import BLOCKS, LOADS, USAGE, ViewMemo
+from kvpolicy.admit._fused import FusedTotals
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
 from kvpolicy.admit._prefix import TierCredit
@@ -132,11 +136,9 @@ def prefix_match(
     return TierCredit(tier_weights).match(request.block_hashes, replica.prefix_blocks)
 
 
-def _least_requests(eligible: Sequence[ReplicaView]) -> ReplicaView:
-    """The first of the fewest outstanding (``min`` by ``outstanding``, without a call of
-    the property per replica)."""
-    loads = [r.running + r.waiting for r in eligible]
-    return eligible[loads.index(min(loads))]
+_LOADS = (LOADS,)
+_USAGE_LOADS = (USAGE, LOADS)
+_BLOCKS_LOADS = (BLOCKS, LOADS)
 
 
 @define
@@ -203,10 +205,15 @@ class LeastRequestsRouter:
     reads_kv_usage: ClassVar[bool] = False
     """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
+    _memo: ViewMemo = field(init=False, factory=ViewMemo, eq=False, repr=False)
+
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The least-loaded eligible replica, the first in the list on a tie."""
         eligible = eligible_replicas(request, replicas)
-        return _least_requests(eligible).replica_id if eligible else None
+        if not eligible:
+            return None
+        (loads,), _, _ = self._memo.columns(eligible, _LOADS)
+        return eligible[loads.index(min(loads))].replica_id
 
 
 @frozen
@@ -216,24 +223,26 @@ class LeastKVRouter:
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
 
+    _memo: ViewMemo = field(init=False, factory=ViewMemo, eq=False, repr=False)
+
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica of least ``(kv_usage, outstanding)``, first on a tie."""
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        usage = [r.kv_usage for r in eligible]
+        (usage, loads), _, _ = self._memo.columns(eligible, _USAGE_LOADS)
         low = min(usage)
         ties = usage.count(low)
         if ties == 1:
             return eligible[usage.index(low)].replica_id
         if ties == len(usage):  # all alike (no KV signal): the fewest outstanding
-            return _least_requests(eligible).replica_id
+            return eligible[loads.index(min(loads))].replica_id
         if math.isnan(sum(usage)):
             # A NaN usage (a view built unchecked): the pairs' own order, as it always was.
-            keys = [(r.kv_usage, r.running + r.waiting) for r in eligible]
+            keys = list(zip(usage, loads, strict=True))
             return eligible[keys.index(min(keys))].replica_id
-        tied = [r for r, u in zip(eligible, usage, strict=True) if u == low]
-        return _least_requests(tied).replica_id
+        tied = compress(range(len(usage)), map(eq, usage, repeat(low)))
+        return eligible[min(tied, key=loads.__getitem__)].replica_id
 
 
 @define
@@ -272,6 +281,8 @@ class PrefixAwareRouter:
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
     _credit: TierCredit = field(init=False, repr=False, eq=False)
 
+    _memo: ViewMemo = field(init=False, factory=ViewMemo, eq=False, repr=False)
+
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_credit", TierCredit(self.tier_weights))
 
@@ -280,20 +291,21 @@ class PrefixAwareRouter:
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
+        (blocks, loads), _, _ = self._memo.columns(eligible, _BLOCKS_LOADS)
         hashes = request.block_hashes
         if hashes:
             # Only the replicas reporting blocks can match (the others score 0).
-            held = [r for r in eligible if r.prefix_blocks]
+            held = list(compress(range(len(blocks)), blocks))
             if held:
                 match = self._credit.match
-                scores = [match(hashes, r.prefix_blocks) for r in held]
+                scores = [match(hashes, eligible[i].prefix_blocks) for i in held]
                 best = max(scores)
                 if best != 0.0:
                     if len(held) == 1:
-                        return held[0].replica_id
-                    hits = [r for r, s in zip(held, scores, strict=True) if s == best]
-                    return _least_requests(hits).replica_id
-        return _least_requests(eligible).replica_id
+                        return eligible[held[0]].replica_id
+                    hits = [i for i, s in zip(held, scores, strict=True) if s == best]
+                    return eligible[min(hits, key=loads.__getitem__)].replica_id
+        return eligible[loads.index(min(loads))].replica_id
 
 
 @runtime_checkable
@@ -441,9 +453,6 @@ def _scorers(value: object) -> tuple[tuple[ReplicaScorer, float], ...]:
     return tuple(out)
 
 
-_Plan = tuple[tuple[type, float, TierCredit | None], ...]
-"""A weighted router's scorers as ``(type, weight, its TierCredit or None)``."""
-
 _LLMD_WEIGHTS: Mapping[str, float] = MappingProxyType({"prefix": 3.0, "queue": 2.0, "kv": 2.0})
 
 
@@ -462,18 +471,21 @@ class WeightedRouter:
     )
     """``(scorer, weight)`` pairs, or a mapping of scorer names (``kv``, ``prefix``,
     ``queue``, ``requests``) or scorers to weights (>= 0, not all 0)."""
-    _plan: _Plan | None = field(init=False, repr=False, eq=False)
+    _fused: FusedTotals | None = field(init=False, repr=False, eq=False)
     _reads_prefix: bool = field(init=False, repr=False, eq=False)
     _reads_kv: bool = field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         # Scorers of this module's own types are computed inline (see _fused).
-        plan = tuple(
-            (type(scorer), weight, getattr(scorer, "_credit", None))
-            for scorer, weight in self.scorers
-        )
-        known = all(kind in _INLINE for kind, _, _ in plan)
-        object.__setattr__(self, "_plan", plan if known else None)
+        fused = None
+        if all(type(scorer) in _INLINE for scorer, _ in self.scorers):
+            fused = FusedTotals(
+                [
+                    (_INLINE[type(scorer)], weight, getattr(scorer, "_credit", None))
+                    for scorer, weight in self.scorers
+                ]
+            )
+        object.__setattr__(self, "_fused", fused)
         # What it reads, asked of its scorers once (a gateway asks at every decision).
         reads = any(reads_prefix_blocks(scorer) for scorer, _ in self.scorers)
         object.__setattr__(self, "_reads_prefix", reads)
@@ -494,8 +506,8 @@ class WeightedRouter:
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        if self._plan is not None:
-            totals = _fused(self._plan, request.block_hashes, eligible)
+        if self._fused is not None:
+            totals = self._fused.totals(request.block_hashes, eligible)
         else:
             totals = self._totals(request, eligible)
         if math.isnan(sum(totals)):  # a NaN score: the general rule orders it as before
@@ -521,86 +533,10 @@ class WeightedRouter:
         return totals
 
 
-_INLINE = frozenset({KVScorer, PrefixScorer, QueueScorer, RequestsScorer})
-
-
-def _fused(plan: _Plan, hashes: tuple[int, ...], eligible: Sequence[ReplicaView]) -> list[float]:
-    """What :meth:`WeightedRouter._totals` gives for scorers of this module's own types,
-    bit for bit, in one pass over the replicas per load scorer.
-
-    Each load scorer's weighted term is the same product its ``score`` gives, added to the
-    running totals in the scorers' order as it is computed (a column of equal values is
-    one product, repeated). A prefix score is 0 on a replica without prefix blocks, and
-    adding ``weight * 0.0`` to a sum of non-negative terms changes nothing, so the prefix
-    terms are left out there; the few replicas with blocks have their totals summed again
-    in the scorers' order with every term.
-    """
-    n = len(eligible)
-    totals: list[float] | None = None
-    base: float | None = None  # every total while each column so far held equal values
-    spans: list[tuple[int, int]] = []  # (max, max - min) of each min-max scorer, in order
-    prefix = False
-    for kind, weight, _ in plan:
-        if kind is PrefixScorer:
-            prefix = True
-        elif kind is KVScorer:
-            if totals is not None:
-                totals = [
-                    t + weight * (1.0 - r.kv_usage) for t, r in zip(totals, eligible, strict=True)
-                ]
-            elif base is not None:
-                totals = [base + weight * (1.0 - r.kv_usage) for r in eligible]
-            else:
-                totals = [weight * (1.0 - r.kv_usage) for r in eligible]
-        else:
-            values = (
-                [r.waiting for r in eligible]
-                if kind is QueueScorer
-                else [r.running + r.waiting for r in eligible]
-            )
-            low, high = min(values), max(values)
-            span = high - low
-            spans.append((high, span))
-            if not span:  # all equal: 1 for every replica
-                term = weight * 1.0
-                if totals is not None:
-                    totals = [t + term for t in totals]
-                else:
-                    base = term if base is None else base + term
-            elif totals is not None:
-                totals = [
-                    t + weight * ((high - v) / span) for t, v in zip(totals, values, strict=True)
-                ]
-            elif base is not None:
-                totals = [base + weight * ((high - v) / span) for v in values]
-            else:
-                totals = [weight * ((high - v) / span) for v in values]
-    if totals is None:
-        totals = [0.0 if base is None else base] * n
-    if not (prefix and hashes):
-        return totals
-    for i in [i for i, r in enumerate(eligible) if r.prefix_blocks]:
-        r = eligible[i]
-        total: float | None = None
-        k = 0
-        for kind, weight, credit in plan:
-            if kind is PrefixScorer:
-                assert credit is not None
-                term = weight * credit.match(hashes, r.prefix_blocks)
-            elif kind is KVScorer:
-                term = weight * (1.0 - r.kv_usage)
-            else:
-                high, span = spans[k]
-                k += 1
-                if not span:
-                    term = weight * 1.0
-                else:
-                    v = r.waiting if kind is QueueScorer else r.running + r.waiting
-                    term = weight * ((high - v) / span)
-            total = term if total is None else total + term
-        assert total is not None
-        totals[i] = total
-    return totals
+_INLINE: Mapping[type, str] = MappingProxyType(
+    {KVScorer: "kv", PrefixScorer: "prefix", QueueScorer: "queue", RequestsScorer: "requests"}
+)
+"""The scorers a weighted router sums itself (:class:`FusedTotals`), exact types only."""
 
 
 def _request_class(value: object) -> RequestClass:
