@@ -11,6 +11,7 @@ shows its prefix index).
 
 from __future__ import annotations
 
+import math
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -329,6 +330,35 @@ def test_routers_follow_an_evolving_fleet(seed: int) -> None:
         assert pa.route(request, shown) == prefix_aware(request, views, DEFAULT_TIER_WEIGHTS)
         assert wd.route(request, shown) == weighted(request, views, llmd)
         assert wn.route(request, shown) == weighted(request, views, plan)
+
+
+def _nan_usage(view: ReplicaView) -> ReplicaView:
+    """``view`` with a NaN KV usage, as only a view built unchecked can hold."""
+    out = attrs.evolve(view)
+    object.__setattr__(out, "kv_usage", math.nan)
+    return out
+
+
+def test_weighted_with_nan_usage_decides_as_the_general_rule() -> None:
+    """A NaN total (an unchecked view's NaN usage) orders as ``(total, -position)``, on
+    fresh fleets and on one evolving through NaN and back."""
+    fused = WeightedRouter({"prefix": 1.0, "kv": 1.0, "queue": 0.5})
+    general = WeightedRouter(
+        [
+            (PrefixScorer(), 1.0),
+            (KVScorer(), 1.0),
+            (QueueScorer(), 0.5),
+            (ChoiceScorer(RoundRobinRouter()), 0.0),
+        ]
+    )
+    rng = random.Random(9)
+    for request, shown in _evolving(4, 400):
+        views = list(shown)
+        if rng.random() < 0.3:
+            i = rng.randrange(len(views))
+            views[i] = _nan_usage(views[i])
+            shown = ReplicaViews(views)
+        assert fused.route(request, shown) == general.route(request, views)
 
 
 def test_cursor_and_seeded_routers() -> None:

@@ -18,7 +18,9 @@ the scorers' order gives for kvpolicy-admit's own scorers (``kv``: ``1 - kv_usag
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from heapq import heapify, heappop, heappush
 from itertools import compress
 from typing import Any
 
@@ -37,9 +39,35 @@ _Step = tuple[str, float, TierCredit | None, int, int]
 _COLUMN = {"queue": WAITING, "requests": LOADS, "kv": USAGE}
 
 
-def _span(values: list[int]) -> tuple[int, int]:
-    high = max(values)
-    return high, high - min(values)
+def _heap(totals: list[float]) -> list[tuple[float, int]]:
+    """``(-total, position)`` of each total, a heap: its top is the first of the highest."""
+    heap = [(-t, i) for i, t in enumerate(totals)]
+    heapify(heap)
+    return heap
+
+
+class _Kept:
+    """What a fused router keeps with the views last shown (never changed once kept)."""
+
+    __slots__ = ("bounds", "cols", "heap", "held", "nan", "spans", "totals")
+
+    def __init__(
+        self,
+        bounds: tuple[tuple[int, int], ...],
+        spans: tuple[tuple[int, int], ...],
+        totals: list[float],
+        heap: list[tuple[float, int]],
+        held: tuple[int, ...],
+        nan: bool,
+        cols: tuple[list[Any], ...] = (),
+    ) -> None:
+        self.bounds = bounds
+        self.spans = spans
+        self.totals = totals
+        self.heap = heap
+        self.held = held
+        self.nan = nan
+        self.cols = cols
 
 
 class FusedTotals:
@@ -49,7 +77,7 @@ class FusedTotals:
         terms: the scorers, in order.
     """
 
-    __slots__ = ("_kinds", "_load", "_memo", "_prefix", "_steps")
+    __slots__ = ("_kinds", "_load", "_memo", "_minmax", "_prefix", "_steps")
 
     def __init__(self, terms: Sequence[Term]) -> None:
         """See the class docstring."""
@@ -75,32 +103,102 @@ class FusedTotals:
             steps.append((kind, w, credit, pos, si))
         self._steps = tuple(steps)
         self._load = tuple(step for step in steps if step[0] != "prefix")
+        self._minmax = tuple(step for step in steps if step[4] >= 0)
         self._memo = ViewMemo()
 
-    def totals(self, hashes: tuple[int, ...], views: Sequence[ReplicaView]) -> list[float]:
-        """The total of each of ``views`` (a tuple, non-empty) for a prompt of ``hashes``
-        (read-only: it may be kept for the next call)."""
+    def best(self, hashes: tuple[int, ...], views: Sequence[ReplicaView]) -> int:
+        """The position among ``views`` (a tuple, non-empty) of the first of the highest
+        totals for a prompt of ``hashes``; a NaN total (a view built unchecked) orders as
+        ``(total, -position)`` does."""
         cols, changed, kept = self._memo.columns(views, self._kinds)
-        # (max, max - min) of each min-max scorer's column, in order
-        spans = tuple([_span(cols[pos]) for _, _, _, pos, si in self._load if si >= 0])
-        if changed is not None and isinstance(kept, tuple) and kept[0] == spans:
-            totals: list[float] = kept[1]
+        n = len(views)
+        last = kept if changed is not None and isinstance(kept, _Kept) else None
+        bounds = self._bounds(cols, changed, last)
+        spans = tuple([(high, high - low) for low, high in bounds])
+        if last is not None and last.spans == spans:
+            totals = last.totals
+            heap = last.heap
+            held = last.held
+            nan = last.nan
             if changed:
                 totals = totals.copy()
+                heap = heap.copy()
                 for i in changed:
-                    totals[i] = self._total(cols, i, spans)
+                    t = self._total(cols, i, spans)
+                    totals[i] = t
+                    heappush(heap, (-t, i))
+                    nan = nan or t != t
+                if nan:
+                    nan = math.isnan(sum(totals))
+                if last.nan or len(heap) > 4 * n:
+                    heap = _heap(totals)  # (a NaN orders nothing: a heap made with one is not)
+                while not nan and totals[heap[0][1]] != -heap[0][0]:  # stale: changed since
+                    heappop(heap)
+                if self._prefix:
+                    blocks = cols[0]
+                    now = set(held)
+                    for i in changed:
+                        if blocks[i]:
+                            now.add(i)
+                        else:
+                            now.discard(i)
+                    held = tuple(sorted(now))
         else:
-            totals = self._load_totals(cols, spans, len(views))
-        self._memo.keep(views, cols, (spans, totals))
+            totals = self._load_totals(cols, spans, n)
+            heap = _heap(totals)
+            nan = math.isnan(sum(totals))
+            held = tuple(compress(range(n), cols[0])) if self._prefix else ()
+        self._memo.keep(views, cols, _Kept(bounds, spans, totals, heap, held, nan, cols))
         if not (self._prefix and hashes):
-            return totals
-        held = list(compress(range(len(views)), cols[0]))
+            held = ()
+        if nan:  # the general rule, on every total
+            out = totals.copy()
+            for i in held:
+                out[i] = self._total(cols, i, spans, hashes, views[i])
+            return max(range(n), key=lambda i: (out[i], -i))
+        # The kept heap's top is valid (the first of the highest load totals): the answer
+        # unless replicas report blocks. Then the first of the highest not among them (a
+        # copy of the heap popped down to it), against their own totals.
         if not held:
-            return totals
-        out = totals.copy()
+            return heap[0][1]
+        best_total, best = -math.inf, n
+        if heap[0][1] in held:
+            heap = heap.copy()
+            while heap:
+                neg, i = heappop(heap)
+                if totals[i] == -neg and i not in held:
+                    best_total, best = -neg, i
+                    break
+        else:
+            best_total, best = -heap[0][0], heap[0][1]
         for i in held:
-            out[i] = self._total(cols, i, spans, hashes, views[i])
-        return out
+            t = self._total(cols, i, spans, hashes, views[i])
+            if t > best_total or (t == best_total and i < best):
+                best_total, best = t, i
+        return best
+
+    def _bounds(
+        self, cols: tuple[list[Any], ...], changed: list[int] | None, last: _Kept | None
+    ) -> tuple[tuple[int, int], ...]:
+        """``(min, max)`` of each min-max scorer's column: from the last ones where the
+        changed values leave them standing, afresh otherwise."""
+        out = []
+        for k, (_, _, _, pos, _) in enumerate(self._minmax):
+            col = cols[pos]
+            if last is None or changed is None:
+                out.append((min(col), max(col)))
+                continue
+            low, high = last.bounds[k]
+            old = last.cols[pos]
+            for i in changed:
+                was, now = old[i], col[i]
+                if (was == low and now > was) or (was == high and now < was):
+                    low, high = min(col), max(col)  # an extreme left: read them all
+                    break
+                low = min(low, now)
+                high = max(high, now)
+            out.append((low, high))
+        return tuple(out)
 
     def _load_totals(
         self, cols: tuple[list[Any], ...], spans: tuple[tuple[int, int], ...], n: int

@@ -15,15 +15,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import compress, repeat
-from operator import eq
 from types import MappingProxyType
 from typing import ClassVar, Protocol, cast, runtime_checkable
 
 import attrs
 from attrs import define, field, frozen
 
-from kvpolicy.admit._columns import BLOCKS, LOADS, USAGE, ViewMemo
 from kvpolicy.admit._fused import FusedTotals
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
@@ -136,9 +133,11 @@ def prefix_match(
     return TierCredit(tier_weights).match(request.block_hashes, replica.prefix_blocks)
 
 
-_LOADS = (LOADS,)
-_USAGE_LOADS = (USAGE, LOADS)
-_BLOCKS_LOADS = (BLOCKS, LOADS)
+def _least_requests(eligible: Sequence[ReplicaView]) -> ReplicaView:
+    """The first of the fewest outstanding (``min`` by ``outstanding``, without a call of
+    the property per replica)."""
+    loads = [r.running + r.waiting for r in eligible]
+    return eligible[loads.index(min(loads))]
 
 
 @define
@@ -205,15 +204,10 @@ class LeastRequestsRouter:
     reads_kv_usage: ClassVar[bool] = False
     """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
-    _memo: ViewMemo = field(init=False, factory=ViewMemo, eq=False, repr=False)
-
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The least-loaded eligible replica, the first in the list on a tie."""
         eligible = eligible_replicas(request, replicas)
-        if not eligible:
-            return None
-        (loads,), _, _ = self._memo.columns(eligible, _LOADS)
-        return eligible[loads.index(min(loads))].replica_id
+        return _least_requests(eligible).replica_id if eligible else None
 
 
 @frozen
@@ -223,26 +217,24 @@ class LeastKVRouter:
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
 
-    _memo: ViewMemo = field(init=False, factory=ViewMemo, eq=False, repr=False)
-
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica of least ``(kv_usage, outstanding)``, first on a tie."""
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        (usage, loads), _, _ = self._memo.columns(eligible, _USAGE_LOADS)
+        usage = [r.kv_usage for r in eligible]
         low = min(usage)
         ties = usage.count(low)
         if ties == 1:
             return eligible[usage.index(low)].replica_id
         if ties == len(usage):  # all alike (no KV signal): the fewest outstanding
-            return eligible[loads.index(min(loads))].replica_id
+            return _least_requests(eligible).replica_id
         if math.isnan(sum(usage)):
             # A NaN usage (a view built unchecked): the pairs' own order, as it always was.
-            keys = list(zip(usage, loads, strict=True))
+            keys = [(r.kv_usage, r.running + r.waiting) for r in eligible]
             return eligible[keys.index(min(keys))].replica_id
-        tied = compress(range(len(usage)), map(eq, usage, repeat(low)))
-        return eligible[min(tied, key=loads.__getitem__)].replica_id
+        tied = [r for r, u in zip(eligible, usage, strict=True) if u == low]
+        return _least_requests(tied).replica_id
 
 
 @define
@@ -281,8 +273,6 @@ class PrefixAwareRouter:
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
     _credit: TierCredit = field(init=False, repr=False, eq=False)
 
-    _memo: ViewMemo = field(init=False, factory=ViewMemo, eq=False, repr=False)
-
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_credit", TierCredit(self.tier_weights))
 
@@ -291,21 +281,20 @@ class PrefixAwareRouter:
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        (blocks, loads), _, _ = self._memo.columns(eligible, _BLOCKS_LOADS)
         hashes = request.block_hashes
         if hashes:
             # Only the replicas reporting blocks can match (the others score 0).
-            held = list(compress(range(len(blocks)), blocks))
+            held = [r for r in eligible if r.prefix_blocks]
             if held:
                 match = self._credit.match
-                scores = [match(hashes, eligible[i].prefix_blocks) for i in held]
+                scores = [match(hashes, r.prefix_blocks) for r in held]
                 best = max(scores)
                 if best != 0.0:
                     if len(held) == 1:
-                        return eligible[held[0]].replica_id
-                    hits = [i for i, s in zip(held, scores, strict=True) if s == best]
-                    return eligible[min(hits, key=loads.__getitem__)].replica_id
-        return eligible[loads.index(min(loads))].replica_id
+                        return held[0].replica_id
+                    hits = [r for r, s in zip(held, scores, strict=True) if s == best]
+                    return _least_requests(hits).replica_id
+        return _least_requests(eligible).replica_id
 
 
 @runtime_checkable
@@ -507,9 +496,8 @@ class WeightedRouter:
         if not eligible:
             return None
         if self._fused is not None:
-            totals = self._fused.totals(request.block_hashes, eligible)
-        else:
-            totals = self._totals(request, eligible)
+            return eligible[self._fused.best(request.block_hashes, eligible)].replica_id
+        totals = self._totals(request, eligible)
         if math.isnan(sum(totals)):  # a NaN score: the general rule orders it as before
             best = max(range(len(eligible)), key=lambda i: (totals[i], -i))
         else:  # the first of the highest totals
