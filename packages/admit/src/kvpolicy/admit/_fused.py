@@ -125,12 +125,13 @@ class FusedTotals:
                 heap = heap.copy()
                 for i in changed:
                     t = self._total(cols, i, spans)
-                    totals[i] = t
-                    heappush(heap, (-t, i))
-                    nan = nan or t != t
+                    if t != totals[i]:  # (the heap holds a valid entry of every position)
+                        totals[i] = t
+                        heappush(heap, (-t, i))
+                        nan = nan or t != t
                 if nan:
                     nan = math.isnan(sum(totals))
-                if last.nan or len(heap) > 4 * n:
+                if last.nan or len(heap) > 2 * n:
                     heap = _heap(totals)  # (a NaN orders nothing: a heap made with one is not)
                 while not nan and totals[heap[0][1]] != -heap[0][0]:  # stale: changed since
                     heappop(heap)
