@@ -223,12 +223,12 @@ class LeastKVRouter:
         if not eligible:
             return None
         usage = [r.kv_usage for r in eligible]
+        if usage.count(usage[0]) == len(usage):  # all alike (no KV signal): least requests
+            return _least_requests(eligible).replica_id
         low = min(usage)
         ties = usage.count(low)
         if ties == 1:
             return eligible[usage.index(low)].replica_id
-        if ties == len(usage):  # all alike (no KV signal): the fewest outstanding
-            return _least_requests(eligible).replica_id
         if math.isnan(sum(usage)):
             # A NaN usage (a view built unchecked): the pairs' own order, as it always was.
             keys = [(r.kv_usage, r.running + r.waiting) for r in eligible]
