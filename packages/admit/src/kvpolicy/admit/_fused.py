@@ -56,7 +56,7 @@ class _Kept:
         bounds: tuple[tuple[int, int], ...],
         spans: tuple[tuple[int, int], ...],
         totals: list[float],
-        heap: list[tuple[float, int]],
+        heap: list[tuple[float, int]] | None,
         held: tuple[int, ...],
         nan: bool,
         cols: tuple[list[Any], ...] = (),
@@ -122,19 +122,23 @@ class FusedTotals:
             nan = last.nan
             if changed:
                 totals = totals.copy()
-                heap = heap.copy()
+                # The last heap, copied, takes the changed totals (a NaN orders nothing, nor
+                # a heap made with one: then, or without a heap, one is made afresh).
+                grown = None if heap is None or last.nan else heap.copy()
                 for i in changed:
                     t = self._total(cols, i, spans)
                     if t != totals[i]:  # (the heap holds a valid entry of every position)
                         totals[i] = t
-                        heappush(heap, (-t, i))
+                        if grown is not None:
+                            heappush(grown, (-t, i))
                         nan = nan or t != t
                 if nan:
                     nan = math.isnan(sum(totals))
-                if last.nan or len(heap) > 2 * n:
-                    heap = _heap(totals)  # (a NaN orders nothing: a heap made with one is not)
-                while not nan and totals[heap[0][1]] != -heap[0][0]:  # stale: changed since
-                    heappop(heap)
+                if grown is None or len(grown) > 2 * n:
+                    grown = _heap(totals)
+                while not nan and totals[grown[0][1]] != -grown[0][0]:  # stale: changed since
+                    heappop(grown)
+                heap = grown
                 if self._prefix:
                     blocks = cols[0]
                     now = set(held)
@@ -146,17 +150,19 @@ class FusedTotals:
                     held = tuple(sorted(now))
         else:
             totals = self._load_totals(cols, spans, n)
-            heap = _heap(totals)
+            heap = None  # made when the next views differ in a few places
             nan = math.isnan(sum(totals))
             held = tuple(compress(range(n), cols[0])) if self._prefix else ()
         self._memo.keep(views, cols, _Kept(bounds, spans, totals, heap, held, nan, cols))
         if not (self._prefix and hashes):
             held = ()
-        if nan:  # the general rule, on every total
-            out = totals.copy()
+        if nan or heap is None:  # every total at once
+            out = totals.copy() if held else totals
             for i in held:
                 out[i] = self._total(cols, i, spans, hashes, views[i])
-            return max(range(n), key=lambda i: (out[i], -i))
+            if nan:  # the general rule
+                return max(range(n), key=lambda i: (out[i], -i))
+            return out.index(max(out))  # the first of the highest
         # The kept heap's top is valid (the first of the highest load totals): the answer
         # unless replicas report blocks. Then the first of the highest not among them (a
         # copy of the heap popped down to it), against their own totals.
