@@ -9,7 +9,9 @@ the columns of the views last shown (``running + waiting``, ``waiting``, ``kv_us
 object is another one (identity: a view is frozen, and the memo holds the old ones, so an
 id is never reused while compared) and reads only those; when more than a quarter
 changed, or the count changed, it reads them all. The values are the views' own, so a
-router deciding from them decides as it would from the views.
+router deciding from them decides as it would from the views. Finding the changed views
+costs about what reading one column does, so it pays for a router that reads several
+and keeps what it derives from them (``weighted``: :mod:`kvpolicy.admit._fused`).
 
 The state is one tuple replaced whole, and lists once stored are never changed (a patch
 copies), so a router shared between threads sees either the old or the new state, each

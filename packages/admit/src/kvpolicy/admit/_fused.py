@@ -11,9 +11,16 @@ the scorers' order gives for kvpolicy-admit's own scorers (``kv``: ``1 - kv_usag
   sum of non-negative terms changes nothing, so the load totals leave the prefix terms
   out, and the replicas with blocks have theirs summed again with every term;
 * the load totals depend on a view's own values and, for a min-max scorer, on the
-  column's maximum and span: they are kept with the views (:class:`ViewMemo`), and while
-  the maxima and spans stay the same only the totals of the views that changed are
-  summed again.
+  column's maximum and span: they are kept with the views (:class:`ViewMemo`), with the
+  columns' bounds and the positions of the replicas reporting blocks, and while the
+  maxima and spans stay the same only the totals of the views that changed are summed
+  again (the bounds read afresh only when a changed view held one);
+* the first of the highest load totals is the top of a heap of ``(-total, position)``
+  (an entry whose total changed since is stale and skipped), so beyond finding the
+  changed views (one pass in C) a decision costs what they and the replicas holding the
+  prompt cost, not passes of arithmetic over the fleet;
+  where most views changed the totals are summed and searched as a list, and the heap is
+  made when the next views differ in a few places.
 """
 
 from __future__ import annotations
