@@ -21,8 +21,10 @@ from typing import ClassVar, Protocol, cast, runtime_checkable
 import attrs
 from attrs import define, field, frozen
 
+from kvpolicy.admit._fused import FusedTotals
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
+from kvpolicy.admit._prefix import TierCredit
 from kvpolicy.kvmodel import (
     ReplicaView,
     ReplicaViews,
@@ -128,34 +130,7 @@ def prefix_match(
     Returns:
         A fraction in [0, 1] (1: every block resident on the GPU tier at weight 1).
     """
-    return _match(request.block_hashes, replica, _tier_order(tier_weights))
-
-
-def _tier_order(tier_weights: Mapping[str, float]) -> tuple[tuple[float, str], ...]:
-    """``(weight, tier)`` pairs, heaviest first (equal weights in the mapping's order)."""
-    return tuple(sorted(((w, t) for t, w in tier_weights.items()), key=lambda p: -p[0]))
-
-
-def _match(
-    hashes: tuple[int, ...], replica: ReplicaView, order: tuple[tuple[float, str], ...]
-) -> float:
-    """:func:`prefix_match` with the tiers already ordered by :func:`_tier_order`."""
-    total = len(hashes)
-    if total == 0 or not replica.prefix_blocks:
-        return 0.0
-    tiers = [(w, replica.resident(t)) for w, t in order]
-    first = hashes[0]
-    if not any(first in held for _, held in tiers):
-        return 0.0
-    credit = 0.0
-    for h in hashes:
-        for w, held in tiers:
-            if h in held:
-                credit += w
-                break
-        else:
-            break
-    return credit / total
+    return TierCredit(tier_weights).match(request.block_hashes, replica.prefix_blocks)
 
 
 def _least_requests(eligible: Sequence[ReplicaView]) -> ReplicaView:
@@ -247,8 +222,19 @@ class LeastKVRouter:
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        keys = [(r.kv_usage, r.running + r.waiting) for r in eligible]
-        return eligible[keys.index(min(keys))].replica_id
+        usage = [r.kv_usage for r in eligible]
+        if usage.count(usage[0]) == len(usage):  # all alike (no KV signal): least requests
+            return _least_requests(eligible).replica_id
+        low = min(usage)
+        ties = usage.count(low)
+        if ties == 1:
+            return eligible[usage.index(low)].replica_id
+        if math.isnan(sum(usage)):
+            # A NaN usage (a view built unchecked): the pairs' own order, as it always was.
+            keys = [(r.kv_usage, r.running + r.waiting) for r in eligible]
+            return eligible[keys.index(min(keys))].replica_id
+        tied = [r for r, u in zip(eligible, usage, strict=True) if u == low]
+        return _least_requests(tied).replica_id
 
 
 @define
@@ -285,25 +271,30 @@ class PrefixAwareRouter:
 
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
-    _order: tuple[tuple[float, str], ...] = field(init=False, repr=False, eq=False)
+    _credit: TierCredit = field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "_order", _tier_order(self.tier_weights))
+        object.__setattr__(self, "_credit", TierCredit(self.tier_weights))
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica of highest match, then fewest outstanding, then first."""
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        hashes, order = request.block_hashes, self._order
-        # Only the replicas reporting blocks can match (the others score 0).
-        held = [r for r in eligible if r.prefix_blocks] if hashes else []
-        scores = [_match(hashes, r, order) for r in held]
-        best = max(scores, default=0.0)
-        if best == 0.0:
-            return _least_requests(eligible).replica_id
-        hits = [r for r, s in zip(held, scores, strict=True) if s == best]
-        return _least_requests(hits).replica_id
+        hashes = request.block_hashes
+        if hashes:
+            # Only the replicas reporting blocks can match (the others score 0).
+            held = [r for r in eligible if r.prefix_blocks]
+            if held:
+                match = self._credit.match
+                scores = [match(hashes, r.prefix_blocks) for r in held]
+                best = max(scores)
+                if best != 0.0:
+                    if len(held) == 1:
+                        return held[0].replica_id
+                    hits = [r for r, s in zip(held, scores, strict=True) if s == best]
+                    return _least_requests(hits).replica_id
+        return _least_requests(eligible).replica_id
 
 
 @runtime_checkable
@@ -333,17 +324,17 @@ class PrefixScorer:
 
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
-    _order: tuple[tuple[float, str], ...] = field(init=False, repr=False, eq=False)
+    _credit: TierCredit = field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "_order", _tier_order(self.tier_weights))
+        object.__setattr__(self, "_credit", TierCredit(self.tier_weights))
 
     def score(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> tuple[float, ...]:
         """:func:`prefix_match` of each replica."""
-        hashes, order = request.block_hashes, self._order
+        hashes, match = request.block_hashes, self._credit.match
         if not hashes:
             return (0.0,) * len(replicas)
-        return tuple([_match(hashes, r, order) if r.prefix_blocks else 0.0 for r in replicas])
+        return tuple([match(hashes, r.prefix_blocks) if r.prefix_blocks else 0.0 for r in replicas])
 
 
 @frozen
@@ -469,19 +460,21 @@ class WeightedRouter:
     )
     """``(scorer, weight)`` pairs, or a mapping of scorer names (``kv``, ``prefix``,
     ``queue``, ``requests``) or scorers to weights (>= 0, not all 0)."""
-    _plan: tuple[tuple[type, float, tuple[tuple[float, str], ...]], ...] | None = field(
-        init=False, repr=False, eq=False
-    )
+    _fused: FusedTotals | None = field(init=False, repr=False, eq=False)
     _reads_prefix: bool = field(init=False, repr=False, eq=False)
     _reads_kv: bool = field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         # Scorers of this module's own types are computed inline (see _fused).
-        plan = tuple(
-            (type(scorer), weight, getattr(scorer, "_order", ())) for scorer, weight in self.scorers
-        )
-        known = all(kind in _INLINE for kind, _, _ in plan)
-        object.__setattr__(self, "_plan", plan if known else None)
+        fused = None
+        if all(type(scorer) in _INLINE for scorer, _ in self.scorers):
+            fused = FusedTotals(
+                [
+                    (_INLINE[type(scorer)], weight, getattr(scorer, "_credit", None))
+                    for scorer, weight in self.scorers
+                ]
+            )
+        object.__setattr__(self, "_fused", fused)
         # What it reads, asked of its scorers once (a gateway asks at every decision).
         reads = any(reads_prefix_blocks(scorer) for scorer, _ in self.scorers)
         object.__setattr__(self, "_reads_prefix", reads)
@@ -502,10 +495,9 @@ class WeightedRouter:
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        if self._plan is not None:
-            totals = _fused(self._plan, request.block_hashes, eligible)
-        else:
-            totals = self._totals(request, eligible)
+        if self._fused is not None:
+            return eligible[self._fused.best(request.block_hashes, eligible)].replica_id
+        totals = self._totals(request, eligible)
         if math.isnan(sum(totals)):  # a NaN score: the general rule orders it as before
             best = max(range(len(eligible)), key=lambda i: (totals[i], -i))
         else:  # the first of the highest totals
@@ -529,65 +521,10 @@ class WeightedRouter:
         return totals
 
 
-_INLINE = frozenset({KVScorer, PrefixScorer, QueueScorer, RequestsScorer})
-
-
-def _fused(
-    plan: tuple[tuple[type, float, tuple[tuple[float, str], ...]], ...],
-    hashes: tuple[int, ...],
-    eligible: Sequence[ReplicaView],
-) -> list[float]:
-    """What :meth:`WeightedRouter._totals` gives for scorers of this module's own types,
-    bit for bit, in fewer passes over the replicas.
-
-    Each load scorer's weighted column is the same product its ``score`` gives, and they
-    are summed in the scorers' order. A prefix score is 0 on a replica without prefix
-    blocks, and adding ``weight * 0.0`` to a sum of non-negative terms changes nothing, so
-    the prefix terms are left out there; the few replicas with blocks have their totals
-    summed again in the scorers' order with every term.
-    """
-    n = len(eligible)
-    columns: list[list[float]] = []
-    prefix = False
-    for kind, weight, _ in plan:
-        if kind is PrefixScorer:
-            prefix = True
-        elif kind is KVScorer:
-            columns.append([weight * (1.0 - r.kv_usage) for r in eligible])
-        else:
-            values = (
-                [r.waiting for r in eligible]
-                if kind is QueueScorer
-                else [r.running + r.waiting for r in eligible]
-            )
-            low, high = min(values), max(values)
-            if high == low:
-                columns.append([weight * 1.0] * n)
-            else:
-                span = high - low
-                columns.append([weight * ((high - v) / span) for v in values])
-    if not columns:
-        totals = [0.0] * n
-    else:
-        totals = columns[0]
-        for column in columns[1:]:
-            totals = [t + c for t, c in zip(totals, column, strict=True)]
-    if not (prefix and hashes):
-        return totals
-    for i in [i for i, r in enumerate(eligible) if r.prefix_blocks]:
-        r = eligible[i]
-        total: float | None = None
-        k = 0
-        for kind, weight, order in plan:
-            if kind is PrefixScorer:
-                term = weight * _match(hashes, r, order)
-            else:
-                term = columns[k][i]
-                k += 1
-            total = term if total is None else total + term
-        assert total is not None
-        totals[i] = total
-    return totals
+_INLINE: Mapping[type, str] = MappingProxyType(
+    {KVScorer: "kv", PrefixScorer: "prefix", QueueScorer: "queue", RequestsScorer: "requests"}
+)
+"""The scorers a weighted router sums itself (:class:`FusedTotals`), exact types only."""
 
 
 def _request_class(value: object) -> RequestClass:
