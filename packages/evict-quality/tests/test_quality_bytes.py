@@ -134,6 +134,87 @@ class TestDecodeBytes:
             decode_bytes(lm, ids, None, [1.0], costs)
 
 
+class TestKeysPerChannel:
+    """KIVI's layout in the harness: keys per channel over whole groups of tokens."""
+
+    def test_demoted_groups_match_the_reference(self) -> None:
+        """A demoted group's keys are its per-channel fake-quantized keys, its values the
+        per-token ones, each within half a scale of the fp32 original; nothing else of
+        the cache changes."""
+        from types import SimpleNamespace
+
+        from kvpolicy.evict import fake_quantize, quantize
+        from kvpolicy.evict.quality._bytes import _quantize_demoted
+
+        gen = torch.Generator().manual_seed(0)
+        keys = torch.randn(2, 3, 16, 8, generator=gen)
+        keys[..., 5] *= 40.0  # an outlier channel, as keys have
+        values = torch.randn(2, 3, 16, 8, generator=gen)
+        layer = SimpleNamespace(keys=keys.clone(), values=values.clone())
+        cache = SimpleNamespace(layers=[layer])
+        slots = np.arange(4, 12)
+        _quantize_demoted(cache, [(0, 1, slots, 4, "channel")], 4)
+        want_k = fake_quantize(keys[1][:, 4:12], 4, 4, "channel")
+        want_v = fake_quantize(values[1][:, 4:12].reshape(-1, 8), 4, 4, "token")
+        assert torch.equal(layer.keys[1][:, 4:12], want_k)
+        assert torch.equal(layer.values[1][:, 4:12], want_v.reshape(3, 8, 8))
+        q = quantize(keys[1][:, 4:12], 4, 4, "channel")
+        bound = q.scale.float().amax() / 2 + 1e-5
+        assert float((layer.keys[1][:, 4:12] - keys[1][:, 4:12]).abs().max()) <= bound
+        assert torch.equal(layer.keys[0], keys[0])
+        assert torch.equal(layer.keys[1][:, :4], keys[1][:, :4])
+        assert torch.equal(layer.keys[1][:, 12:], keys[1][:, 12:])
+        # Per channel keeps the outlier's scale off the other channels; per token does not.
+        per_token = fake_quantize(keys[1][:, 4:12].reshape(-1, 8), 4, 4, "token")
+        plain = [c for c in range(8) if c != 5]
+        err_c = (want_k - keys[1][:, 4:12])[..., plain].pow(2).mean()
+        err_t = (per_token.reshape(3, 8, 8) - keys[1][:, 4:12])[..., plain].pow(2).mean()
+        assert err_c < err_t / 4
+
+    def test_a_partial_group_is_refused(self) -> None:
+        """Keys per channel need whole groups: anything else is a RuntimeError."""
+        from types import SimpleNamespace
+
+        from kvpolicy.evict.quality._bytes import _quantize_demoted
+
+        layer = SimpleNamespace(keys=torch.zeros(1, 1, 8, 4), values=torch.zeros(1, 1, 8, 4))
+        with pytest.raises(RuntimeError, match="whole groups of 4 tokens: 3 demoted"):
+            _quantize_demoted(
+                SimpleNamespace(layers=[layer]), [(0, 0, np.arange(3), 4, "channel")], 4
+            )
+
+    @pytest.mark.heavy
+    def test_uniform_int4_keys_per_channel(self, lm: CausalLM, ids: torch.Tensor) -> None:
+        """``full:precision=4:key_axis=channel``: the newest tokens wait at 16 bits until a
+        group is whole (bytes say so), and the losses differ from keys per token."""
+        spec = layer_spec(lm)
+        make_c, costs_c, group = demoting_factory(
+            "full:precision=4:key_axis=channel:group_size=8", spec
+        )
+        make_t, costs_t, _ = demoting_factory("full:precision=4:group_size=8", spec)
+        assert make_c is not None
+        assert make_t is not None
+        assert group == 8
+        big = 1e12
+        chan = decode_bytes(lm, ids[:1], lambda: make_c(big), big, costs_c, group_size=8)[0]
+        tok = decode_bytes(lm, ids[:1], lambda: make_t(big), big, costs_t, group_size=8)[0]
+        c4, c16 = costs_c.token_bytes[4], costs_c.token_bytes[16]
+        held, waiting = N - 1, (N - 1) % 8
+        assert chan.bytes_max == 2 * ((held - waiting) * c4 + waiting * c16)
+        assert tok.bytes_max == 2 * held * c4
+        assert chan.result.nll.tolist() != tok.result.nll.tolist()
+
+    def test_bad_key_axis_labels(self, lm: CausalLM) -> None:
+        """key_axis only with precision=B below 16, and only token or channel."""
+        for label, match in (
+            ("full:key_axis=channel", "needs precision=B below 16"),
+            ("h2o:precision=4:key_axis=1", "'key_axis' must be token or channel: 1"),
+            ("token-pd:precisions=16+4:key_axis=channel", "not of precisions"),
+        ):
+            with pytest.raises(ValueError, match=match):
+                demoting_factory(label, layer_spec(lm))
+
+
 class _Fifo(UniformPrecision):
     """FIFO as a stand-in base (never asked to evict under a huge budget)."""
 
@@ -153,7 +234,7 @@ class TestLabelsAndRows:
             ("token-pd:precision=4:precisions=16+4", "not both"),
             ("token-pd:precisions=16+3", "among"),
             ("h2o:loss_scale=2", "loss_scale needs precisions"),
-            ("full:memory=3", "only precision and group_size"),
+            ("full:memory=3", "only precision, group_size and key_axis"),
             ("h2o:group_size=0", "'group_size' must be an int >= 1"),
         ],
     )

@@ -93,8 +93,8 @@ class TestPolicyLabels:
         ("label", "match"),
         [
             ("token-pd:num_sink", "must be KEY=VALUE: 'num_sink'"),
-            ("token-pd:num_sink=x", "must be a number or bool: 'num_sink=x'"),
-            ("full:num_sink=1", "full takes only precision and group_size"),
+            ("token-pd:num_sink=x", "must be a number, a bool, token or channel: 'num_sink=x'"),
+            ("full:num_sink=1", "full takes only precision, group_size and key_axis"),
             ("lfu", "must be one of"),
         ],
     )

@@ -57,6 +57,60 @@ def test_interval_presses_match_the_peak(tiny_lm: CausalLM) -> None:
         make_press("h2o", 64)
 
 
+def test_a_press_on_quantized_tokens_is_the_harness_at_that_precision(
+    tiny_lm: CausalLM, ids: torch.Tensor
+) -> None:
+    """StreamingLLM over the quantizing cache at int4 keeps and reads what the harness's
+    ``sink-window:precision=4`` does under the same bytes: the same perplexity."""
+    from kvpolicy.evict import PrecisionCosts, UniformPrecision
+    from kvpolicy.evict.quality._bytes import decode_bytes, layer_spec
+    from kvpolicy.evict.quality.kvpress_peers import quantizing_cache
+
+    costs = PrecisionCosts.of(layer_spec(tiny_lm), [16, 4], 8)
+    press, _, _ = make_press("streaming_llm", 16)
+    cache = quantizing_cache(tiny_lm.model.config, 4, 8)
+    (theirs,) = decode_with_press(tiny_lm, ids, press, cache=cache)
+    budget = 16 * costs.token_bytes[4]
+    (ours,) = decode_bytes(
+        tiny_lm,
+        ids[None],
+        lambda: UniformPrecision(SinkWindowPolicy(num_sink=4), 4, costs),
+        budget,
+        costs,
+        group_size=8,
+    )
+    assert theirs.perplexity == pytest.approx(ours.result.perplexity, rel=1e-4)
+    (plain,) = decode_with_press(tiny_lm, ids, make_press("streaming_llm", 16)[0])
+    assert theirs.perplexity != plain.perplexity  # the quantization is really read
+    with pytest.raises(ValueError, match="'bits' must be one of"):
+        quantizing_cache(tiny_lm.model.config, 3)
+
+
+def test_decoding_press_drops_tokens_with_transformers_quantized_cache(
+    tiny_lm: CausalLM, ids: torch.Tensor
+) -> None:
+    """The reason the rows above do not use transformers' QuantizedCache: kvpress 0.5.5's
+    DecodingPress compresses the quantized part alone and empties the residual, so every
+    decoded token is dropped (the cache never grows). If this fails, kvpress composes with
+    QuantizedCache now and RESULTS.md's note on it is out of date."""
+    pytest.importorskip("optimum.quanto", reason="optimum-quanto backs QuantizedCache")
+    from transformers import QuantizedCache
+
+    press, _, _ = make_press("tova", 16)
+    cfg = tiny_lm.model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    cache = QuantizedCache(backend="quanto", config=cfg, nbits=4, q_group_size=head_dim)
+    (broken,) = decode_with_press(tiny_lm, ids, press, cache=cache)
+    assert broken.max_resident == 1  # not the 16 the press keeps with a DynamicCache
+    (alone,) = decode_with_press(
+        tiny_lm,
+        ids,
+        None,
+        cache=QuantizedCache(backend="quanto", config=cfg, nbits=4, q_group_size=head_dim),
+    )
+    assert alone.max_resident == N - 1  # without a press the cache does grow
+
+
 @pytest.mark.quality
 def test_token_pd_in_kvpress_pipeline_on_smollm2() -> None:
     """kvpress's own pipeline runs Token-PD on SmolLM2-135M-Instruct: a passage of GPL-3

@@ -33,6 +33,12 @@ DEMOTING: dict[str, Callable[[], DemotingPolicy]] = {
     "uniform(h2o, 4)": lambda: UniformPrecision(H2OPolicy(recent_window=2), bits=4),
     "uniform(fifo, 16)": lambda: UniformPrecision(FIFOPolicy(), bits=16),
     "uniform(token-pd, 8)": lambda: UniformPrecision(TokenPDMixed(), bits=8),
+    "uniform(h2o, 4, residual 4)": lambda: UniformPrecision(
+        H2OPolicy(recent_window=2), bits=4, residual=4
+    ),
+    "uniform(token-pd, 2, residual 3)": lambda: UniformPrecision(
+        TokenPDMixed(), bits=2, residual=3
+    ),
 }
 
 
@@ -220,6 +226,44 @@ class TestUniformPrecision:
         p = UniformPrecision(FIFOPolicy(), bits=4)
         _drive(p, steps=40, budget=10 * C16, streams=1)
         assert p.resident_tokens() == int(10 * C16 // C4)
+
+    def test_residual_demotes_whole_groups_oldest_first(self) -> None:
+        """With a residual of G, tokens wait at 16 bits until G of them do, then the
+        oldest G are demoted together: never G or more at 16 bits after an allocate."""
+        g = 4
+        p = UniformPrecision(FIFOPolicy(), bits=4, residual=g)
+        assert (p.residual, p.key_axis) == (g, "channel")
+        demoted: list[list[int]] = []
+        for t in range(19):
+            p.insert("s", np.array([t], dtype=np.int64))
+            got = p.allocate(1e9).get("s")
+            if got is not None:
+                assert set(got[1].tolist()) == {4}
+                demoted.append(got[0].tolist())
+            held_16 = (t + 1) % g
+            assert p.resident_bytes() == (t + 1 - held_16) * C4 + held_16 * C16
+        assert demoted == [list(range(i, i + g)) for i in range(0, 16, g)]
+
+    def test_residual_counts_its_16_bit_tokens_in_the_budget(self) -> None:
+        """The tokens left at 16 bits are paid for: the bytes never exceed the budget and
+        the policy holds fewer tokens than without a residual."""
+        budget = 12 * C4
+        with_residual = UniformPrecision(FIFOPolicy(), bits=4, residual=8)
+        plain = UniformPrecision(FIFOPolicy(), bits=4)
+        for p in (with_residual, plain):
+            _drive(p, steps=41, budget=budget, streams=1)
+        assert plain.resident_tokens() == 12
+        assert with_residual.resident_tokens() < 12
+        assert with_residual.resident_bytes() <= budget
+        assert plain.key_axis == "token"
+
+    def test_bad_residual(self) -> None:
+        """A negative, non-int or 16-bit residual is refused, naming the field."""
+        for bad in (-1, 2.0, True):
+            with pytest.raises(ValueError, match="'residual' must be an int >= 0"):
+                UniformPrecision(FIFOPolicy(), 4, residual=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="'residual' = 4 needs bits below 16"):
+            UniformPrecision(FIFOPolicy(), 16, residual=4)
 
     def test_bad_base_or_bits(self) -> None:
         """A base that is not an eviction policy, or unsupported bits, is refused."""

@@ -290,6 +290,12 @@ class PolicyLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
         super().__init__()  # type: ignore[no-untyped-call]
         if isinstance(budget, ByteBudget) and not isinstance(policy, DemotingPolicy):
             raise TypeError(f"a budget in bytes needs a DemotingPolicy: {policy!r}")
+        axis = getattr(policy, "key_axis", "token")
+        if axis != "token":
+            raise ValueError(
+                f"'key_axis' = {axis!r}: the cache quantizes keys per token; keys per "
+                "channel (a UniformPrecision residual) run in the quality harness"
+            )
         if isinstance(budget, ByteBudget) and costs is None:
             raise ValueError("a budget in bytes needs the 'costs' of a token")
         self.index = index

@@ -67,6 +67,19 @@ def _merge(
     return res
 
 
+def _add(
+    out: dict[str, tuple[list[NDArray[np.int64]], list[NDArray[np.int64]]]],
+    changes: Mapping[str, NDArray[np.int64]],
+    bits: int,
+) -> None:
+    """Append ``changes`` (stream -> positions) at ``bits`` (0: evicted) to ``out``."""
+    for stream, pos in changes.items():
+        if pos.size:
+            got = out.setdefault(stream, ([], []))
+            got[0].append(pos)
+            got[1].append(np.full(pos.size, bits, dtype=np.int64))
+
+
 class UniformPrecision:
     """Any eviction policy with every token held at ``bits``, under a budget in bytes.
 
@@ -74,22 +87,40 @@ class UniformPrecision:
     is evicted) and evicts through the base policy down to the tokens the budget buys at
     ``bits`` bytes each. Every other call goes to the base policy unchanged.
 
+    With ``residual = G > 0`` (KIVI's layout: keys quantized per channel over groups of
+    ``G`` tokens), tokens stay at 16 bits until ``G`` of them wait, and then the oldest
+    ``G`` are demoted together, so that a reader can quantize their keys per channel in one
+    group; between 0 and ``G - 1`` tokens stay at 16 bits, and the budget counts them at
+    16 bits (:attr:`key_axis` is then ``"channel"``).
+
     Args:
         policy: the eviction policy (it decides which tokens go).
         bits: the precision every token is held at (16, 8, 4 or 2).
         costs: bytes per token at 16 bits and at ``bits`` (:data:`DEFAULT_COSTS` when None).
+        residual: tokens demoted together, 0 for one at a time (each at its first
+            allocate).
 
     Raises:
         TypeError: ``policy`` is not an EvictionPolicy.
-        ValueError: ``bits`` unsupported or without a cost.
+        ValueError: ``bits`` unsupported or without a cost, or ``residual`` negative, not
+            an int, or set with 16 bits.
     """
 
     def __init__(
-        self, policy: EvictionPolicy, bits: int = 16, costs: PrecisionCosts | None = None
+        self,
+        policy: EvictionPolicy,
+        bits: int = 16,
+        costs: PrecisionCosts | None = None,
+        *,
+        residual: int = 0,
     ) -> None:
         if not isinstance(policy, EvictionPolicy):
             raise TypeError(f"'policy' must be an EvictionPolicy: {policy!r}")
+        if isinstance(residual, bool) or not isinstance(residual, int) or residual < 0:
+            raise ValueError(f"'residual' must be an int >= 0: {residual!r}")
         (b,) = check_precisions([bits])
+        if residual and b == 16:
+            raise ValueError(f"'residual' = {residual} needs bits below 16: bits = {b}")
         cst = DEFAULT_COSTS if costs is None else costs
         if not isinstance(cst, PrecisionCosts):
             raise TypeError(f"'costs' must be PrecisionCosts: {costs!r}")
@@ -99,6 +130,7 @@ class UniformPrecision:
         self._base = policy
         self._bits = b
         self._costs = cst
+        self._residual = residual
         # Tokens still at 16 bits (inserted since the last allocate), per stream.
         self._pending: dict[str, NDArray[np.int64]] = {}
 
@@ -116,6 +148,18 @@ class UniformPrecision:
     def costs(self) -> PrecisionCosts:
         """The bytes of a token at 16 bits and at :attr:`bits`."""
         return self._costs
+
+    @property
+    def residual(self) -> int:
+        """Tokens demoted together (0: each at its first allocate)."""
+        return self._residual
+
+    @property
+    def key_axis(self) -> str:
+        """How a reader should quantize the keys of the tokens demoted together:
+        ``"channel"`` with a residual (one group of :attr:`residual` tokens per channel),
+        ``"token"`` without."""
+        return "channel" if self._residual else "token"
 
     def insert(
         self,
@@ -149,21 +193,36 @@ class UniformPrecision:
 
     def allocate(self, budget_bytes: float) -> StateChanges:
         """Evict through the base policy to ``floor(budget_bytes / cost(bits))`` tokens, then
-        demote every token still at 16 bits to ``bits``."""
+        demote every token still at 16 bits to ``bits`` (with a residual: the oldest
+        whole groups of :attr:`residual` waiting tokens, evicting further while the ones
+        left at 16 bits would overrun the budget)."""
         budget = _check_budget_bytes(budget_bytes)
         per = self._costs.token_bytes[self._bits]
         evicted = self.evict(int(budget // per))
         out: dict[str, tuple[list[NDArray[np.int64]], list[NDArray[np.int64]]]] = {}
-        for stream, pos in evicted.items():
-            if pos.size:
-                out[stream] = ([pos], [np.zeros(pos.size, dtype=np.int64)])
-        if self._bits != 16:
+        _add(out, evicted, 0)
+        if self._residual:
+            extra = self._costs.token_bytes[16] - per
+            while True:
+                left = sum(p.size % self._residual for p in self._pending.values())
+                tokens = self._base.resident_tokens()
+                if (tokens - left) * per + left * (per + extra) <= budget or tokens == 0:
+                    break
+                more = self.evict(max(0, tokens - max(1, math.ceil(left * extra / per))))
+                if not any(p.size for p in more.values()):
+                    break
+                _add(out, more, 0)
+        if self._bits == 16:
+            self._pending = {}
+        else:
+            demote: dict[str, NDArray[np.int64]] = {}
             for stream, pos in self._pending.items():
-                if pos.size:
-                    got = out.setdefault(stream, ([], []))
-                    got[0].append(pos)
-                    got[1].append(np.full(pos.size, self._bits, dtype=np.int64))
-        self._pending = {}
+                take = pos.size - pos.size % self._residual if self._residual else pos.size
+                if take:
+                    demote[stream] = pos[:take]
+                    self._pending[stream] = pos[take:]
+            _add(out, demote, self._bits)
+        self._pending = {s: p for s, p in self._pending.items() if p.size}
         return _merge(out)
 
     def resident_bytes(self) -> float:

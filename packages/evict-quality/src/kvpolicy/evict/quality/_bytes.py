@@ -256,8 +256,9 @@ def _loop(
                 signals = _signals(predictor, kind, logits, t, arrival)
             pos = np.array([t], dtype=np.int64)
             shared = time.perf_counter() - step_start
-            # Demotions of this step: (layer, row, cache slots, bits), applied at once.
-            demoted: list[tuple[int, int, NDArray[np.int64], int]] = []
+            # Demotions of this step: (layer, row, cache slots, bits, key axis), applied
+            # at once.
+            demoted: list[tuple[int, int, NDArray[np.int64], int, str]] = []
             kept: list[list[NDArray[np.int64]]] = []
             for layer in range(layers):
                 keep_rows = []
@@ -332,7 +333,7 @@ def _step(
     valid: NDArray[np.bool_],
     attention: NDArray[np.float64],
     budget: float,
-    where: tuple[int, int, NDArray[np.int64], list[tuple[int, int, NDArray[np.int64], int]]],
+    where: tuple[int, int, NDArray[np.int64], list[tuple[int, int, NDArray[np.int64], int, str]]],
     costs: PrecisionCosts,
 ) -> NDArray[np.bool_]:
     """One row's policy step in one layer: insert, token ids, observe, allocate, apply the
@@ -342,6 +343,7 @@ def _step(
         Which slots stay.
     """
     layer, row, bits, demoted = where
+    axis = str(getattr(policy, "key_axis", "token"))
     policy.insert(stream, pos, signals)
     if token_ids is not None:
         cast(ContentAware, getattr(policy, "base", policy)).tokens(stream, pos, token_ids)
@@ -349,7 +351,7 @@ def _step(
     changes = policy.allocate(budget).get(stream)
     keep = valid
     if changes is not None:
-        keep = _apply(layer, row, slots, bits, valid, changes, demoted)
+        keep = _apply(layer, row, slots, bits, valid, changes, demoted, axis)
     held = float(costs.cost(bits[keep]).sum())
     if abs(held - policy.resident_bytes()) > 1e-6 * (1.0 + held):
         raise RuntimeError(
@@ -371,11 +373,12 @@ def _apply(
     bits: NDArray[np.int64],
     valid: NDArray[np.bool_],
     changes: tuple[NDArray[np.int64], NDArray[np.int64]],
-    demoted: list[tuple[int, int, NDArray[np.int64], int]],
+    demoted: list[tuple[int, int, NDArray[np.int64], int, str]],
+    axis: str = "token",
 ) -> NDArray[np.bool_]:
     """One text's state changes in one layer: the slots to keep (evicted ones leave),
-    ``bits`` lowered for demoted slots, and those slots listed in ``demoted`` for
-    :func:`_quantize_demoted`."""
+    ``bits`` lowered for demoted slots, and those slots listed in ``demoted`` (with the
+    policy's key axis) for :func:`_quantize_demoted`."""
     positions, new_bits = changes
     order = np.argsort(slots, kind="stable")
     found = np.minimum(np.searchsorted(slots[order], positions), slots.size - 1)
@@ -388,29 +391,50 @@ def _apply(
     for b in np.unique(new_bits[~gone]).tolist():
         hit = where[new_bits == b]
         bits[hit] = b
-        demoted.append((layer, row, hit, int(b)))
+        demoted.append((layer, row, hit, int(b), axis))
     return keep
 
 
 def _quantize_demoted(
-    cache: Any, demoted: list[tuple[int, int, NDArray[np.int64], int]], group_size: int
+    cache: Any, demoted: list[tuple[int, int, NDArray[np.int64], int, str]], group_size: int
 ) -> None:
     """Replace the keys and values of every demoted slot by their fake-quantized values,
-    one :func:`fake_quantize` call per precision (groups are per token, so quantizing the
-    tokens of every layer and text together gives each the same result as alone)."""
+    one :func:`fake_quantize` call per precision for what is grouped per token (values,
+    and keys of a ``"token"`` key axis: quantizing the tokens of every layer and text
+    together gives each the same result as alone), and one call per demotion for keys of
+    a ``"channel"`` key axis (KIVI's layout: the demoted slots, whole groups of
+    ``group_size`` tokens in position order, quantized per KV head and channel).
+
+    Raises:
+        RuntimeError: a ``"channel"`` demotion that is not whole groups of tokens.
+    """
     import torch
 
+    for layer, row, idx, b, axis in demoted:
+        if axis != "channel":
+            continue
+        if idx.size % group_size:
+            raise RuntimeError(
+                f"keys quantized per channel need whole groups of {group_size} tokens: "
+                f"{idx.size} demoted in layer {layer}"
+            )
+        held = cache.layers[layer].keys[row]  # (kv_heads, kv, head_dim)
+        at = torch.from_numpy(idx)
+        held[:, at] = fake_quantize(held[:, at], b, group_size, "channel")
     for b in sorted({d[3] for d in demoted}):
         mine = [d for d in demoted if d[3] == b]
         for name in ("keys", "values"):
+            group = [d for d in mine if name == "values" or d[4] != "channel"]
+            if not group:
+                continue
             parts = []
-            for layer, row, idx, _ in mine:
+            for layer, row, idx, _, _ in group:
                 held = getattr(cache.layers[layer], name)[row]  # (kv_heads, kv, head_dim)
                 parts.append(held[:, torch.from_numpy(idx)])
             flat = torch.cat([p.reshape(-1, p.shape[-1]) for p in parts])
             quant = fake_quantize(flat, b, group_size, "token")
             start = 0
-            for (layer, row, idx, _), p in zip(mine, parts, strict=True):
+            for (layer, row, idx, _, _), p in zip(group, parts, strict=True):
                 size = p.numel() // p.shape[-1]
                 held = getattr(cache.layers[layer], name)[row]
                 held[:, torch.from_numpy(idx)] = quant[start : start + size].reshape(p.shape)

@@ -39,12 +39,15 @@ __all__ = [
 FULL = "full"
 """Name of the no-eviction baseline (the full KV cache)."""
 
-BYTES_PARAMS = ("precision", "precisions", "group_size", "loss_scale")
+BYTES_PARAMS = ("precision", "precisions", "group_size", "loss_scale", "key_axis")
 """Label params of a run under a budget in bytes (:func:`demoting_factory`), not of the
 policy: ``precision=B`` holds every token at ``B`` bits (any policy, and ``full``: uniform
 quantization); ``precisions=16+8+4`` lets Token-PD choose among those precisions per token
 (:class:`~kvpolicy.evict.TokenPDMixed`), ``loss_scale`` its loss model; ``group_size``
-the channels per quantization group (32 when not given)."""
+the channels per quantization group (32 when not given); ``key_axis=channel`` with
+``precision=B`` quantizes keys per channel over groups of ``group_size`` tokens (KIVI's
+layout: the newest tokens wait at 16 bits until a group is whole), ``token`` (the default)
+per token."""
 
 POLICY_CHOICES: tuple[str, ...] = (
     FULL,
@@ -142,8 +145,8 @@ def parse_policy(label: str) -> tuple[str, dict[str, Any]]:
         if not sep or not key or not raw:
             raise ValueError(f"'policy' parameter must be KEY=VALUE: {part!r} in {label!r}")
         params[key] = _parse_value(raw, part)
-    if name == FULL and set(params) - {"precision", "group_size"}:
-        raise ValueError(f"'policy' full takes only precision and group_size: {label!r}")
+    if name == FULL and set(params) - {"precision", "group_size", "key_axis"}:
+        raise ValueError(f"'policy' full takes only precision, group_size and key_axis: {label!r}")
     return name, params
 
 
@@ -160,12 +163,16 @@ def _parse_value(raw: str, part: str) -> Any:
         return tuple(int(i) for i in items)
     if low in ("true", "false"):
         return low == "true"
+    if low in ("token", "channel"):  # key_axis=channel
+        return low
     try:
         if low.endswith("b"):
             return _OfBudget(float(low[:-1]))
         return int(raw) if raw.lstrip("-").isdigit() else float(raw)
     except ValueError:
-        raise ValueError(f"'policy' parameter value must be a number or bool: {part!r}") from None
+        raise ValueError(
+            f"'policy' parameter value must be a number, a bool, token or channel: {part!r}"
+        ) from None
 
 
 def _resolve(params: Mapping[str, Any], budget: int) -> dict[str, Any]:
@@ -274,6 +281,8 @@ def demoting_factory(
         raise ValueError(f"'policy' {name!r}: give precision or precisions, not both")
     if "loss_scale" in extra and "precisions" not in extra:
         raise ValueError(f"'policy' {name!r}: loss_scale needs precisions")
+    if "key_axis" in extra and "precisions" in extra:
+        raise ValueError(f"'key_axis' is a param of precision=B, not of precisions: {name!r}")
     if "precisions" in extra:
         if base != "token-pd":
             raise ValueError(f"'precisions' is a param of token-pd only: {name!r}")
@@ -293,6 +302,11 @@ def demoting_factory(
         return mixed_factory, costs, group
     bits = extra.get("precision", 16)
     (bits,) = check_precisions([bits])
+    axis = extra.get("key_axis", "token")
+    if axis not in ("token", "channel"):
+        raise ValueError(f"'key_axis' must be token or channel: {axis!r} in {name!r}")
+    if axis == "channel" and bits == 16:
+        raise ValueError(f"'key_axis' = channel needs precision=B below 16: {name!r}")
     costs = PrecisionCosts.of(layer, sorted({16, bits}), group)
     if base == FULL:
         if bits == 16:
@@ -303,7 +317,7 @@ def demoting_factory(
 
     def uniform_factory(budget_bytes: float) -> EvictionPolicy:
         k = max(1, int(budget_bytes // costs.token_bytes[bits]))
-        return UniformPrecision(inner(k), bits, costs)
+        return UniformPrecision(inner(k), bits, costs, residual=group if axis == "channel" else 0)
 
     return uniform_factory, costs, group
 
