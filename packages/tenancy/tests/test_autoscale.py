@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from kvpolicy.kvmodel import (
@@ -14,7 +15,13 @@ from kvpolicy.kvmodel import (
     build,
     get_model,
 )
-from kvpolicy.tenancy import Resources, TokenPool, TokenPoolAutoscaler, dump_manifest
+from kvpolicy.tenancy import (
+    MeasuredReplica,
+    Resources,
+    TokenPool,
+    TokenPoolAutoscaler,
+    dump_manifest,
+)
 
 REPLICA = Resources(100, 400_000, 4)
 """One replica: 100 tokens/s, 400 kB of KV, 4 sequences."""
@@ -36,14 +43,36 @@ def _up(
     )
 
 
+def _server(max_batch: int, tokens_per_s: float) -> ServerContext:
+    """A server of 1,000 KV tokens of Llama-3-8B."""
+    return ServerContext(
+        model=get_model("Llama-3-8B"),
+        block_size=16,
+        kv_capacity_tokens=1000,
+        max_batch=max_batch,
+        tokens_per_s=tokens_per_s,
+    )
+
+
 class TestTokenPoolAutoscaler:
-    def test_committed_leaves_out_spot(self, small_pool: TokenPool) -> None:
-        """Guaranteed and elastic baselines are committed; spot is promised nothing."""
-        assert TokenPoolAutoscaler(small_pool, REPLICA).committed == (120.0, 500_000, 8)
+    def test_committed_is_the_reserved_baselines(self, small_pool: TokenPool) -> None:
+        """The guaranteed baseline is reserved (held even when idle); the elastic one is
+        time-averaged (funded when asked for) and spot is promised nothing."""
+        assert TokenPoolAutoscaler(small_pool, REPLICA).committed == (60.0, 250_000, 4)
 
     def test_idle_fleet_funds_the_commitments(self, small_pool: TokenPool) -> None:
-        """120 tok/s, 500 kB and 8 slots need 2 replicas of 100 tok/s, 400 kB and 4 slots."""
-        assert TokenPoolAutoscaler(small_pool, REPLICA).target(FleetView(0.0)) == 2
+        """60 tok/s, 250 kB and 4 slots need 1 replica of 100 tok/s, 400 kB and 4 slots;
+        a second reserved baseline as large needs 2."""
+        assert TokenPoolAutoscaler(small_pool, REPLICA).target(FleetView(0.0)) == 1
+        two = attrs.evolve(
+            small_pool,
+            entitlements=[
+                attrs.evolve(e, service_class="dedicated") if e.tenant == "e" else e
+                for e in small_pool.entitlements
+            ],
+        )
+        assert TokenPoolAutoscaler(two, REPLICA).committed == (120.0, 500_000, 8)
+        assert TokenPoolAutoscaler(two, REPLICA).target(FleetView(0.0)) == 2
 
     def test_token_burst(self, small_pool: TokenPool) -> None:
         """450 tok/s observed, 330 above the commitments: ceil(4.5) = 5 replicas."""
@@ -74,7 +103,7 @@ class TestTokenPoolAutoscaler:
         assert scaler.target(FleetView(0.0, tokens_per_s=450.0)) == 5
         assert scaler.target(FleetView(30.0)) == 5
         assert scaler.target(FleetView(60.0)) == 5
-        assert scaler.target(FleetView(61.0)) == 2
+        assert scaler.target(FleetView(61.0)) == 1
         assert scaler.target(FleetView(70.0, tokens_per_s=650.0)) == 7
         with pytest.raises(ValueError, match="'time' must not go back"):
             scaler.target(FleetView(69.0))
@@ -85,7 +114,7 @@ class TestTokenPoolAutoscaler:
         """With gamma_b 0.5 a burst of 900 tok/s after 100 counts 500 (5 replicas), then
         700 and 800 as it lasts (7, 8); the first decision starts the average."""
         scaler = TokenPoolAutoscaler(small_pool, REPLICA, burst_decay=0.5)
-        assert scaler.target(FleetView(0.0, tokens_per_s=100.0)) == 2
+        assert scaler.target(FleetView(0.0, tokens_per_s=100.0)) == 1
         assert scaler.target(FleetView(10.0, tokens_per_s=900.0)) == 5
         assert scaler.target(FleetView(20.0, tokens_per_s=900.0)) == 7
         assert scaler.target(FleetView(30.0, tokens_per_s=900.0)) == 8
@@ -110,13 +139,7 @@ class TestTokenPoolAutoscaler:
 
     def test_for_pool_sizes_a_replica_from_the_server(self, small_pool: TokenPool) -> None:
         """Without ``replica``, one replica is the context's server; a manifest is a pool."""
-        context = ServerContext(
-            model=get_model("Llama-3-8B"),
-            block_size=16,
-            kv_capacity_tokens=1000,
-            max_batch=4,
-            tokens_per_s=100.0,
-        )
+        context = _server(max_batch=4, tokens_per_s=100.0)
         scaler = TokenPoolAutoscaler.for_pool(dump_manifest(small_pool), context=context)
         assert scaler.replica == Resources(100, 1000 * 131_072, 4)
         assert scaler.pool == small_pool
@@ -182,7 +205,7 @@ class TestConformance:
         params = {"pool": small_pool, "replica": REPLICA, "min_replicas": 1, "max_replicas": 8}
         scaler = build(AUTOSCALING, "token-pool", params)
         targets = [scaler.target(_fleet_at(level / 10)) for level in range(11)]
-        assert targets == [2, 2, 2, 3, 4, 5, 6, 7, 8, 8, 8]
+        assert targets == [1, 1, 2, 3, 4, 5, 6, 7, 8, 8, 8]
 
     def test_bad_bounds_are_named(self, small_pool: TokenPool) -> None:
         """min_replicas > max_replicas and replicas < 1 are errors naming field and value."""
@@ -191,3 +214,136 @@ class TestConformance:
             build(AUTOSCALING, "token-pool", params)
         with pytest.raises(RegistryError, match="'min_replicas' must be >= 1: 0"):
             build(AUTOSCALING, "token-pool", {**params, "min_replicas": 0})
+
+
+CEILING = Resources(300, 400_000, 10)
+"""One replica at saturation: 300 tokens/s, 10 sequences."""
+
+
+def _serving(n: int, running: int, waiting: int = 0, draining: int = 0) -> dict[str, object]:
+    """``n`` replicas up (and ``draining`` more) each running ``running`` requests."""
+    up = _up(n, running=running, waiting=waiting)
+    gone = tuple(
+        ReplicaView(
+            f"d{i}",
+            running=running,
+            waiting=0,
+            kv_usage=0.0,
+            free_blocks=10,
+            block_size=16,
+            draining=True,
+        )
+        for i in range(draining)
+    )
+    return {"up": up, "draining": gone}
+
+
+class TestMeasuredReplica:
+    def test_a_load_carried_with_no_request_waiting_counts(self) -> None:
+        """Two decisions with no request waiting: 2 replicas served 360 tok/s, 180 and 6
+        requests each, so one replica carries 180 tok/s and 6 sequences within the SLO."""
+        meter = MeasuredReplica(CEILING)
+        meter.observe(FleetView(0.0, tokens_per_s=300.0, **_serving(2, running=5)))
+        assert (meter.tokens_per_s, meter.concurrency) == (0.0, 0.0)  # one end of a window
+        meter.observe(FleetView(10.0, tokens_per_s=360.0, **_serving(2, running=6)))
+        assert (meter.tokens_per_s, meter.concurrency) == (180.0, 6.0)
+        assert meter.capacity(REPLICA) == Resources(180, 400_000, 6)
+        # A lighter load later leaves the largest.
+        meter.observe(FleetView(20.0, tokens_per_s=100.0, **_serving(2, running=1)))
+        assert meter.capacity(REPLICA) == Resources(180, 400_000, 6)
+
+    def test_waiting_at_either_end_of_the_window_does_not_count(self) -> None:
+        """A request waiting on a replica or at the front door, at this decision or the
+        previous one, and the load is not counted; draining replicas share the load."""
+        meter = MeasuredReplica(CEILING)
+        meter.observe(FleetView(0.0, tokens_per_s=400.0, **_serving(2, running=8, waiting=1)))
+        meter.observe(FleetView(10.0, tokens_per_s=400.0, **_serving(2, running=8)))
+        assert meter.tokens_per_s == 0.0  # waited at the window's start
+        meter.observe(FleetView(20.0, tokens_per_s=400.0, queued=1, **_serving(2, running=8)))
+        meter.observe(FleetView(30.0, tokens_per_s=400.0, **_serving(2, running=8)))
+        assert meter.tokens_per_s == 0.0
+        meter.observe(FleetView(40.0, tokens_per_s=400.0, **_serving(1, running=7, draining=1)))
+        assert (meter.tokens_per_s, meter.concurrency) == (200.0, 7.0)
+        # No replica serving: nothing measured, and the next window starts afresh.
+        meter.observe(FleetView(50.0))
+        meter.observe(FleetView(60.0, tokens_per_s=500.0, **_serving(2, running=9)))
+        assert meter.tokens_per_s == 200.0
+
+    def test_a_load_counts_once_sustained_for_a_request_s_time_in_the_system(self) -> None:
+        """12 requests in flight at 0.5 req/s stay 24 s (Little's law): a load counts once
+        the decisions cover 24 s with no request waiting, as the least of them; a request
+        waiting within that time and none counts until 24 s have passed again."""
+        meter = MeasuredReplica(CEILING)
+
+        def view(t: float, tokens: float, waiting: int = 0) -> FleetView:
+            busy = _serving(2, running=6 - waiting, waiting=waiting)
+            return FleetView(t, tokens_per_s=tokens, arrival_rate=0.5, **busy)
+
+        for t, tokens in ((0.0, 400.0), (10.0, 300.0), (20.0, 360.0)):
+            meter.observe(view(t, tokens))
+            assert meter.tokens_per_s == 0.0  # not yet 24 s
+        meter.observe(view(30.0, 380.0))
+        assert (meter.tokens_per_s, meter.concurrency) == (150.0, 6.0)
+        meter.observe(view(40.0, 600.0, waiting=1))
+        for t in (50.0, 60.0, 70.0):
+            meter.observe(view(t, 500.0))
+            assert meter.tokens_per_s == 150.0  # the wait at 40 s is within 24 s
+        meter.observe(view(80.0, 500.0))
+        assert meter.tokens_per_s == 250.0
+        with pytest.raises(ValueError, match="'time' must not go back"):
+            meter.observe(view(79.0, 500.0))
+
+    def test_bounded_by_the_model_and_the_saturation(self) -> None:
+        """Below the model's rate the model's counts; no more than the ceiling counts."""
+        meter = MeasuredReplica(CEILING)
+        assert meter.capacity(REPLICA) == REPLICA
+        for t in (0.0, 10.0):
+            meter.observe(FleetView(t, tokens_per_s=1000.0, **_serving(2, running=40)))
+        assert meter.capacity(REPLICA) == Resources(300, 400_000, 10)
+        low = MeasuredReplica(CEILING)
+        for t in (0.0, 10.0):
+            low.observe(FleetView(t, tokens_per_s=100.0, **_serving(2, running=1)))
+        assert low.capacity(REPLICA) == REPLICA
+
+    def test_bad_input_is_named(self) -> None:
+        with pytest.raises(TypeError, match="'ceiling' must be <class"):
+            MeasuredReplica(300)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="'fleet' must be a FleetView: 1"):
+            MeasuredReplica(CEILING).observe(1)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="'modelled' must be Resources: 1"):
+            MeasuredReplica(CEILING).capacity(1)  # type: ignore[arg-type]
+
+    def test_the_autoscaler_sizes_by_the_measured_rate(self, small_pool: TokenPool) -> None:
+        """Replicas seen to carry 200 tok/s within the SLO: 600 tok/s (with requests
+        waiting, so not measured) need 3, not 6."""
+        scaler = TokenPoolAutoscaler(small_pool, REPLICA, measured=MeasuredReplica(CEILING))
+        busy = _serving(2, running=3)
+        assert scaler.target(FleetView(0.0, tokens_per_s=400.0, **busy)) == 4
+        assert scaler.target(FleetView(10.0, tokens_per_s=400.0, **busy)) == 2
+        assert scaler.capacity == Resources(200, 400_000, 4)
+        queue = _serving(2, running=3, waiting=1)
+        assert scaler.target(FleetView(20.0, tokens_per_s=600.0, **queue)) == 3
+        assert scaler.capacity == Resources(200, 400_000, 4)
+
+    def test_for_pool_measures_up_to_the_server_at_saturation(self, small_pool: TokenPool) -> None:
+        """measure_rate takes the ceiling from ``saturation`` or the server's context."""
+        context = _server(max_batch=12, tokens_per_s=250.0)
+        scaler = TokenPoolAutoscaler.for_pool(
+            small_pool, REPLICA, measure_rate=True, burst_decay=0.5, context=context
+        )
+        assert scaler.measured == MeasuredReplica(Resources(250, 400_000, 12))
+        given = {"tokens_per_s": 300, "kv_bytes": 400_000, "concurrency": 10}
+        scaler = TokenPoolAutoscaler.for_pool(
+            small_pool, REPLICA, measure_rate=True, saturation=given
+        )
+        assert scaler.measured == MeasuredReplica(CEILING)
+        assert TokenPoolAutoscaler.for_pool(small_pool, REPLICA).measured is None
+        with pytest.raises(ValueError, match="'saturation' is required to measure the rate"):
+            TokenPoolAutoscaler.for_pool(small_pool, REPLICA, measure_rate=True)
+        with pytest.raises(TypeError, match="'measure_rate' must be a bool: 'yes'"):
+            TokenPoolAutoscaler.for_pool(
+                small_pool,
+                REPLICA,
+                measure_rate="yes",
+                context=context,  # type: ignore[arg-type]
+            )

@@ -78,6 +78,7 @@ if _TYPE_CHECKING:
         service_gap,
         update_debt,
     )
+    from kvpolicy.tenancy._measured import MeasuredReplica
     from kvpolicy.tenancy._prefix_index import (
         PrefixIndex,
         prompt_text,
@@ -104,6 +105,7 @@ if _TYPE_CHECKING:
 
 _LAZY: dict[str, str] = {
     "TokenPoolAutoscaler": "_autoscale",
+    "MeasuredReplica": "_measured",
     "BackendSpec": "_backends",
     "FleetSettings": "_backends",
     "RoutingConfig": "_backends",
@@ -202,6 +204,7 @@ __all__ = [
     "KVEventFollower",
     "LeaseRelease",
     "ManifestError",
+    "MeasuredReplica",
     "MetricsError",
     "OutagePolicy",
     "PoolState",

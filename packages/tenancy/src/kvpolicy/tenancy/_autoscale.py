@@ -22,6 +22,7 @@ from attrs.validators import instance_of
 from kvpolicy.kvmodel import FleetView, ServerContext
 from kvpolicy.tenancy._entitlements import Resources, TokenPool
 from kvpolicy.tenancy._manifest import _resources, load_manifest
+from kvpolicy.tenancy._measured import MeasuredReplica
 
 __all__ = ["TokenPoolAutoscaler"]
 
@@ -47,9 +48,11 @@ def _seconds(_inst: object, attribute: attrs.Attribute[float], value: float) -> 
 class TokenPoolAutoscaler:
     """Replicas that fund the entitlements' commitments and the observed burst.
 
-    Committed is the sum of the baselines of the entitlements whose class honours one
-    (reserved: dedicated, guaranteed; time-averaged: elastic); spot and preemptible
-    entitlements are promised nothing. Observed is what the tenants ask for now: tokens/s
+    Committed is the sum of the reserved baselines (dedicated and guaranteed: held even
+    when idle, seed 004's Table 1). An elastic baseline is time-averaged (honoured over time
+    through the debt mechanism, not held while idle): what an elastic tenant asks for, up to
+    its baseline and above it, is funded as observed demand, as is what spot and
+    preemptible tenants (promised nothing) use. Observed is what the tenants ask for now: tokens/s
     the larger of those served and those arriving (each arrival's token budget, its prompt
     and output, as the gateway charges it: a fleet short of replicas serves no more than
     its capacity, so what it serves alone never shows a burst above it), the KV bytes in
@@ -59,7 +62,9 @@ class TokenPoolAutoscaler:
     capacity, rounded up (what is observed averaged over the decisions with
     ``burst_decay``, as seed 004 averages an entitlement's burst); the target is the largest
     (the largest of the decisions within ``stabilisation_s``), clamped to
-    ``[min_replicas, max_replicas]``.
+    ``[min_replicas, max_replicas]``. With ``measured``, one replica's tokens/s and
+    concurrency are the larger of ``replica``'s and what the replicas online were seen to
+    carry within the SLO (:class:`MeasuredReplica`).
     """
 
     pool: TokenPool = field(validator=instance_of(TokenPool))
@@ -80,6 +85,11 @@ class TokenPoolAutoscaler:
     delta(k)``), applied here to what each decision observes in each dimension, so that a
     brief burst moves the target less than a sustained one (in [0, 1); 0: the latest
     observation alone). The first decision starts the average at what it observes."""
+    measured: MeasuredReplica | None = field(
+        default=None, validator=attrs.validators.optional(instance_of(MeasuredReplica))
+    )
+    """Measures one replica's rate at the SLO on the fleet (``replica`` bounds it from
+    below); None: ``replica`` as given."""
     _history: deque[tuple[float, int]] = field(init=False, factory=deque, eq=False, repr=False)
     _smoothed: list[float] = field(init=False, factory=list, eq=False, repr=False)
 
@@ -99,6 +109,8 @@ class TokenPoolAutoscaler:
         max_replicas: int = 10,
         stabilisation_s: float = 0.0,
         burst_decay: float = 0.0,
+        measure_rate: bool = False,
+        saturation: Resources | Mapping[str, Any] | None = None,
         *,
         context: ServerContext | None = None,
     ) -> TokenPoolAutoscaler:
@@ -107,10 +119,15 @@ class TokenPoolAutoscaler:
         mapping of them: ``tokens_per_s``, ``kv_bytes`` or ``kv_cache_gib``,
         ``concurrency``) or, without it, as the server of
         ``context`` (its tokens/s, KV pool in bytes and batch size). The ``token-pool``
-        entry point of ``kvpolicy.autoscaling``.
+        entry point of ``kvpolicy.autoscaling``. With ``measure_rate``, one replica's
+        tokens/s and concurrency are measured on the fleet (:class:`MeasuredReplica`,
+        sustained with no request waiting), between ``replica``'s and ``saturation``'s (given
+        as ``replica`` is, or the server of ``context`` at saturation: its tokens/s and
+        batch size).
 
         Raises:
-            ValueError: neither ``replica`` nor ``context`` is given.
+            ValueError: neither ``replica`` nor ``context`` is given, or ``measure_rate``
+                without ``saturation`` or ``context``.
         """
         if not isinstance(pool, TokenPool):
             pool = load_manifest(pool)
@@ -124,18 +141,45 @@ class TokenPoolAutoscaler:
                 kv_bytes=context.kv_capacity_tokens * context.model.kv_bytes_per_token(),
                 concurrency=context.max_batch,
             )
-        return cls(pool, replica, min_replicas, max_replicas, stabilisation_s, burst_decay)
+        measured = None
+        if measure_rate is not False:
+            if measure_rate is not True:
+                raise TypeError(f"'measure_rate' must be a bool: {measure_rate!r}")
+            if isinstance(saturation, Mapping):
+                saturation = _resources(saturation, "saturation")
+            if saturation is None:
+                if context is None:
+                    raise ValueError(
+                        "'saturation' is required to measure the rate without the server's context"
+                    )
+                saturation = Resources(
+                    tokens_per_s=context.tokens_per_s,
+                    kv_bytes=replica.kv_bytes,
+                    concurrency=context.max_batch,
+                )
+            measured = MeasuredReplica(saturation)
+        return cls(
+            pool, replica, min_replicas, max_replicas, stabilisation_s, burst_decay, measured
+        )
 
     @property
     def committed(self) -> tuple[float, int, int]:
-        """``(tokens_per_s, kv_bytes, concurrency)`` the entitlements' baselines commit."""
+        """``(tokens_per_s, kv_bytes, concurrency)`` the reserved baselines commit (those of
+        dedicated and guaranteed entitlements)."""
         tps, kv, conc = 0.0, 0, 0
         for ent in self.pool.entitlements:
-            if ent.service_class.baseline != "none":
+            if ent.service_class.protected:
                 tps += ent.baseline.tokens_per_s
                 kv += ent.baseline.kv_bytes
                 conc += ent.baseline.concurrency
         return tps, kv, conc
+
+    @property
+    def capacity(self) -> Resources:
+        """What one replica serves now: ``replica``, or as :attr:`measured` raises it."""
+        if self.measured is None:
+            return self.replica
+        return self.measured.capacity(self.replica)
 
     def observed(self, fleet: FleetView) -> tuple[float, float, int]:
         """``(tokens_per_s, kv_bytes, concurrency)`` the fleet uses or asks for now."""
@@ -158,7 +202,10 @@ class TokenPoolAutoscaler:
             raise ValueError(
                 f"'time' must not go back (last decision at {history[-1][0]}): {fleet.time!r}"
             )
-        capacity = (self.replica.tokens_per_s, self.replica.kv_bytes, self.replica.concurrency)
+        if self.measured is not None:
+            self.measured.observe(fleet)
+        replica = self.capacity
+        capacity = (replica.tokens_per_s, replica.kv_bytes, replica.concurrency)
         observed = [float(x) for x in self.observed(fleet)]
         smoothed = self._smoothed
         if smoothed:
