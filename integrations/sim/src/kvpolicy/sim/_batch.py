@@ -400,6 +400,22 @@ class Batch:
             s.pool_reserved = end
         s.pool_tokens = new
 
+    def grow_all(self, seqs: Sequence[Seq], k: int) -> None:
+        """Add ``k`` tokens of KV to each of ``seqs`` (distinct requests), as :meth:`grow`
+        one after the other does, with one call to the pool for all of them."""
+        bs = self._bs
+        growth: list[tuple[str, int]] = []
+        for s in seqs:
+            new = s.pool_tokens + k
+            if new > s.pool_reserved:
+                end = -(-new // bs) * bs
+                growth.append((s.rid, end - s.pool_reserved))
+                s.pool_reserved = end
+            s.pool_tokens = new
+        if growth:
+            ok = self._pool.append_many(growth)
+            assert ok, "blocks were counted before the step"
+
     @property
     def block_size(self) -> int:
         """Tokens per KV block."""

@@ -467,6 +467,59 @@ class BlockPool:
         self._tokens[request_id] = have + num_tokens
         return True
 
+    def append_many(self, growth: Sequence[tuple[str, int]]) -> bool:
+        """Grow each of several requests, ``(request_id, num_tokens)`` pairs, as
+        :meth:`append` would one after the other (the same blocks, in the same order),
+        all or none: ``False`` and nothing changed when the blocks they need together are
+        not free. One call for a batch's step, whose requests cross block boundaries
+        together.
+
+        Raises:
+            BlockPoolError: an unknown request, or one named twice.
+        """
+        tables, tokens, ref, bs = self._tables, self._tokens, self._ref, self._block_size
+        plan: list[tuple[str, list[int], int, int, int]] = []
+        total = 0
+        cow = False
+        for request_id, num_tokens in growth:
+            table = tables.get(request_id)
+            if table is None:
+                raise BlockPoolError(f"unknown request {request_id!r}")
+            if type(num_tokens) is not int or num_tokens < 0:
+                self._check_count("num_tokens", num_tokens)
+            have = tokens[request_id]
+            new_blocks = -(-(have + num_tokens) // bs) - len(table)
+            if num_tokens and have % bs and ref[table[-1]] > 1:
+                cow = True
+                total += 1
+            total += new_blocks
+            plan.append((request_id, table, have, num_tokens, new_blocks))
+        if len({p[0] for p in plan}) != len(plan):
+            raise BlockPoolError("append_many names a request twice")
+        if total > len(self._free):
+            self._counters["failed"] += 1
+            return False
+        if cow:  # a copy takes its block between the others: one request at a time
+            for request_id, _, _, num_tokens, _ in plan:
+                self.append(request_id, num_tokens)
+            return True
+        fresh = self._pop_many(total) if total else []
+        fill = self._fill
+        at = 0
+        for request_id, table, have, num_tokens, new_blocks in plan:
+            rest = num_tokens
+            if have % bs:
+                add = min(bs - have % bs, rest)
+                fill[table[-1]] += add
+                rest -= add
+            if new_blocks:
+                mine = fresh[at : at + new_blocks]  # full, but the last
+                at += new_blocks
+                fill[mine[-1]] = rest - (new_blocks - 1) * bs
+                table.extend(mine)
+            tokens[request_id] = have + num_tokens
+        return True
+
     def copy_on_write(self, request_id: str, block_index: int) -> int | None:
         """Give ``request_id`` a private copy of its logical block ``block_index``.
 
