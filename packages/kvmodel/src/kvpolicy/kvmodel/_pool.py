@@ -155,9 +155,10 @@ class BlockPool:
         "_counters",
         "_dropped",
         "_fill",
-        "_free",
         "_has_content",
         "_head",
+        "_is_free",
+        "_nfree",
         "_num_blocks",
         "_prefix_caching",
         "_queue",
@@ -197,11 +198,14 @@ class BlockPool:
         self._content: list[list[int] | None] = [None] * num_blocks
         self._has_content = False  # whether any token ids were ever recorded
         # The free list, least recently freed first: ``_queue[_head:]`` in order, with
-        # ``_free`` the same blocks as a set. A cached block taken back from the middle of
-        # the list (a prefix hit) leaves its entry behind: ``_stale[b]`` counts such dead
-        # entries of block b, which always come before its live one. Freeing and allocating
-        # are then list and set operations over whole runs of blocks, not one at a time.
-        self._free: set[int] = set(range(num_blocks))
+        # ``_is_free[b]`` set for the same blocks and ``_nfree`` their count. A cached block
+        # taken back from the middle of the list (a prefix hit) leaves its entry behind:
+        # ``_stale[b]`` counts such dead entries of block b, which always come before its
+        # live one. Freeing and allocating are list operations over whole runs of blocks
+        # and one byte per block (a set of block ids would be megabytes per pool, which a
+        # fleet of pools touches all over, missing the cache).
+        self._is_free = bytearray(b"\x01") * num_blocks
+        self._nfree = num_blocks
         self._queue: list[int] = list(range(num_blocks))
         self._head = 0
         self._stale: dict[int, int] = {}
@@ -226,7 +230,7 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks on the free list (cached ones included)."""
-        return len(self._free)
+        return self._nfree
 
     def has_request(self, request_id: str) -> bool:
         """Whether ``request_id`` holds blocks here."""
@@ -249,11 +253,11 @@ class BlockPool:
         """Owners of ``block_id``."""
         if not 0 <= block_id < self._num_blocks:
             raise BlockPoolError(f"'block_id' out of range [0, {self._num_blocks}): {block_id}")
-        return 0 if block_id in self._free else self._ref[block_id]
+        return 0 if self._is_free[block_id] else self._ref[block_id]
 
     def is_free(self, block_id: int) -> bool:
         """Whether ``block_id`` is on the free list."""
-        return block_id in self._free
+        return bool(self._is_free[block_id])
 
     def read(self, request_id: str) -> list[int]:
         """The token ids ``request_id`` wrote (only tokens appended with ids are recorded)."""
@@ -297,12 +301,12 @@ class BlockPool:
 
     def stats(self) -> PoolStats:
         """Usage figures now."""
-        free = self._free
-        used = [b for b in range(self._num_blocks) if b not in free]
+        free = self._is_free
+        used = [b for b in range(self._num_blocks) if not free[b]]
         return PoolStats(
             num_blocks=self._num_blocks,
             block_size=self._block_size,
-            free_blocks=len(self._free),
+            free_blocks=self._nfree,
             used_blocks=len(used),
             cached_blocks=len(self._cached),
             shared_blocks=sum(1 for b in used if self._ref[b] > 1),
@@ -366,10 +370,10 @@ class BlockPool:
                 if block is None:
                     break
                 hits.append(block)
-        free = self._free
-        hits_from_free = sum(1 for b in hits if b in free)
+        free = self._is_free
+        hits_from_free = sum(free[b] for b in hits)
         fresh = self.blocks_needed(num_tokens) - len(hits)
-        if fresh > len(self._free) - hits_from_free:
+        if fresh > self._nfree - hits_from_free:
             self._counters["failed"] += 1
             return None
         if self._prefix_caching:
@@ -421,7 +425,7 @@ class BlockPool:
         partial = have % bs != 0
         cow = partial and self._ref[table[-1]] > 1
         new_blocks = -(-(have + num_tokens) // bs) - len(table)
-        if new_blocks + int(cow) > len(self._free):
+        if new_blocks + int(cow) > self._nfree:
             self._counters["failed"] += 1
             return False
         if cow:
@@ -496,7 +500,7 @@ class BlockPool:
             plan.append((request_id, table, have, num_tokens, new_blocks))
         if len({p[0] for p in plan}) != len(plan):
             raise BlockPoolError("append_many names a request twice")
-        if total > len(self._free):
+        if total > self._nfree:
             self._counters["failed"] += 1
             return False
         if cow:  # a copy takes its block between the others: one request at a time
@@ -534,7 +538,7 @@ class BlockPool:
         old = table[block_index]
         if self._ref[old] == 1:
             return old
-        if not self._free:
+        if not self._nfree:
             self._counters["failed"] += 1
             return None
         new = self._pop_free()
@@ -647,9 +651,10 @@ class BlockPool:
             raise ValueError(f"'{name}' must be >= 0: {value}")
 
     def _take(self, block: int) -> None:
-        free = self._free
-        if block in free:
-            free.remove(block)  # its count is 1 already; its entry in the queue is dead
+        free = self._is_free
+        if free[block]:
+            free[block] = 0  # its count is 1 already; its entry in the queue is dead
+            self._nfree -= 1
             self._stale[block] = self._stale.get(block, 0) + 1
         else:
             self._ref[block] += 1
@@ -657,7 +662,10 @@ class BlockPool:
     def _release(self, blocks: list[int]) -> None:
         """Put owned-once ``blocks`` at the tail of the free list, in order."""
         self._queue.extend(blocks)
-        self._free.update(blocks)
+        free = self._is_free
+        for b in blocks:
+            free[b] = 1
+        self._nfree += len(blocks)
 
     def _pop_many(self, n: int) -> list[int]:
         """Take ``n`` blocks from the head of the free list (least recently freed first),
@@ -685,7 +693,10 @@ class BlockPool:
             del queue[:head]
             head = 0
         self._head = head
-        self._free.difference_update(out)
+        free = self._is_free
+        for block in out:
+            free[block] = 0
+        self._nfree -= len(out)
         block_hash = self._block_hash
         if block_hash:
             cached, dropped = self._cached, self._dropped
