@@ -339,30 +339,38 @@ class Step:
         budget = self._token_budget
         dec: list[Seq] = []
         chunks: list[tuple[Seq, int]] = []
+        dec_pairs = chunk_pairs = 0
         for s in running:
             if budget <= 0:
                 break
-            if s.computed >= s.target:  # decoding
+            computed = s.computed
+            left = s.target - computed
+            if left <= 0:  # decoding
                 dec.append(s)
+                dec_pairs += s.pool_tokens
                 budget -= 1
                 continue
-            c = min(s.target - s.computed, budget)
+            c = left if left < budget else budget
             budget -= c
             chunks.append((s, c))
-        n_tok = len(dec) + sum(c for _, c in chunks)
+            chunk_pairs += c * computed + c * (c + 1) // 2
+        n_tok = self._token_budget - budget
         self.last_tokens = n_tok
-        self._res.maybe_round(self.step, running, n_tok)
+        if self._res.maybe_round(self.step, running, n_tok):  # evictions shrank the KV
+            dec_pairs = sum(s.pool_tokens for s in dec)
         kv_read = sum(s.pool_tokens for s in running)
-        pairs = sum(s.pool_tokens for s in dec) + sum(
-            c * s.computed + c * (c + 1) // 2 for s, c in chunks
-        )
+        pairs = dec_pairs + chunk_pairs
         crossing: list[Seq] = []
+        dec_done: list[Seq] = []
         for s in dec:
             new = s.pool_tokens + 1
             if new > s.pool_reserved:
                 crossing.append(s)  # crosses into a block the pool has not recorded yet
             else:
                 s.pool_tokens = new
+            s.generated += 1
+            if s.generated >= s.req.decode_len:
+                dec_done.append(s)
         if crossing:
             batch.grow_all(crossing, 1)
         self.now += self._tm.iteration_time(n_tok, kv_read, pairs) + batch.take_delay()
@@ -376,10 +384,7 @@ class Step:
                 first_output(s.idx, self.now)
                 if s.generated >= s.req.decode_len:
                     finished.append(s)
-        for s in dec:
-            s.generated += 1
-            if s.generated >= s.req.decode_len:
-                finished.append(s)
+        finished.extend(dec_done)
         self._finish(finished)
 
     def decode(self, next_event: float) -> None:
@@ -412,7 +417,8 @@ class Step:
             kmax = self._max_macro
         if batch.waiting or batch.swapped or batch.has_delay:
             kmax = 1
-        kmax = min(kmax, min(s.req.decode_len - s.generated for s in run))
+        else:  # a run ends with the first request to finish (at least one iteration left)
+            kmax = min(kmax, min(s.req.decode_len - s.generated for s in run))
         self._res.maybe_round(self.step, run, len(run))
         free_steps = self._res.steps_free(self.step, len(run))
         if free_steps is not None:

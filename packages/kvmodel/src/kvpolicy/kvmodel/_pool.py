@@ -379,15 +379,13 @@ class BlockPool:
         if self._prefix_caching:
             self._counters["queries"] += min(len(prefix_hashes), full_blocks)
             self._counters["hits"] += len(hits)
-        table: list[int] = []
+        start = len(hits)
         for b in hits:
             self._take(b)
-            table.append(b)
-        table.extend(self._pop_many(fresh))
+        table = hits + self._pop_many(fresh)
         self._tables[request_id] = table
-        cached_tokens = len(hits) * bs
+        cached_tokens = start * bs
         # Hit blocks and fresh ones are full, but maybe the last.
-        start = len(hits)
         if fresh and num_tokens % bs:
             self._fill[table[-1]] = num_tokens % bs
         if token_ids is not None:
@@ -395,8 +393,13 @@ class BlockPool:
             for i in range(start, len(table)):
                 self._content[table[i]] = list(token_ids[i * bs : (i + 1) * bs])
         if self._prefix_caching:
+            cached, block_hash = self._cached, self._block_hash
             for i in range(start, min(len(prefix_hashes), full_blocks)):
-                self._register(table[i], prefix_hashes[i])
+                h = prefix_hashes[i]
+                if h not in cached:  # the first block to hold this prefix is the one cached
+                    b = table[i]
+                    cached[h] = b
+                    block_hash[b] = h
         self._tokens[request_id] = num_tokens
         return Allocation(block_ids=tuple(table), cached_tokens=cached_tokens)
 
@@ -498,7 +501,7 @@ class BlockPool:
                 total += 1
             total += new_blocks
             plan.append((request_id, table, have, num_tokens, new_blocks))
-        if len({p[0] for p in plan}) != len(plan):
+        if len({request_id for request_id, _ in growth}) != len(plan):
             raise BlockPoolError("append_many names a request twice")
         if total > self._nfree:
             self._counters["failed"] += 1
@@ -516,7 +519,12 @@ class BlockPool:
                 add = min(bs - have % bs, rest)
                 fill[table[-1]] += add
                 rest -= add
-            if new_blocks:
+            if new_blocks == 1:  # a decode step crosses one block boundary at a time
+                block = fresh[at]
+                at += 1
+                fill[block] = rest
+                table.append(block)
+            elif new_blocks:
                 mine = fresh[at : at + new_blocks]  # full, but the last
                 at += new_blocks
                 fill[mine[-1]] = rest - (new_blocks - 1) * bs
@@ -716,11 +724,6 @@ class BlockPool:
         block = self._pop_many(1)[0]
         self._fill[block] = 0
         return block
-
-    def _register(self, block: int, block_hash: int) -> None:
-        if block_hash not in self._cached:
-            self._cached[block_hash] = block
-            self._block_hash[block] = block_hash
 
     def _unregister(self, block: int) -> None:
         h = self._block_hash.pop(block, None)
