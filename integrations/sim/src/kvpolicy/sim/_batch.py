@@ -388,21 +388,11 @@ class Batch:
             need += (p + k + bs - 1) // bs - (p + bs - 1) // bs
         return need
 
-    def grow(self, s: Seq, k: int) -> None:
-        """Add ``k`` tokens of KV to ``s``. The pool is told a block at a time: it records
-        tokens up to the end of the last block, so one call serves ``block_size`` decode
-        steps; its block count (the memory) is the same as with one call per token."""
-        new = s.pool_tokens + k
-        if new > s.pool_reserved:
-            end = -(-new // self._bs) * self._bs
-            ok = self._pool.append(s.rid, end - s.pool_reserved)
-            assert ok, "blocks were counted before the step"
-            s.pool_reserved = end
-        s.pool_tokens = new
-
     def grow_all(self, seqs: Sequence[Seq], k: int) -> None:
-        """Add ``k`` tokens of KV to each of ``seqs`` (distinct requests), as :meth:`grow`
-        one after the other does, with one call to the pool for all of them."""
+        """Add ``k`` tokens of KV to each of ``seqs`` (distinct requests), with one call to
+        the pool for all of them. The pool is told a block at a time: it records tokens up
+        to the end of a request's last block, so one call serves ``block_size`` decode
+        steps; its block count (the memory) is the same as with one call per token."""
         bs = self._bs
         growth: list[tuple[str, int]] = []
         for s in seqs:
