@@ -8,7 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.kvmodel import Request
+from kvpolicy.kvmodel import Request, get_gpu, get_model
+from kvpolicy.sim import TimingModel
 from kvpolicy.sim._batch import Batch
 from kvpolicy.sim._seq import Seq
 from kvpolicy.sim._step import DecodeRun
@@ -70,3 +71,51 @@ class TestDecodeRun:
         assert run.done_by(9.0) == (3, 2.0, float("inf"))
         assert [run.steps_until(t) for t in (1.2, 1.5, 1.6, float("inf"))] == [1, 1, 2, 3]
         assert run.end(2) == 1.0 + float(np.array([0.5, 0.25]).sum())
+
+
+class TestLazyDecodeRun:
+    @settings(max_examples=150, deadline=None)
+    @given(
+        kmax=st.integers(1, 300),
+        batch=st.integers(1, 64),
+        delay=st.sampled_from([0.0, 0.0125]),
+        queries=st.lists(
+            st.tuples(st.sampled_from(["until", "done", "end"]), st.floats(0.0, 1.0)),
+            max_size=6,
+        ),
+    )
+    def test_answers_as_the_whole_array(
+        self,
+        kmax: int,
+        batch: int,
+        delay: float,
+        queries: list[tuple[str, float]],
+    ) -> None:
+        """A run drawing its times on demand answers every question, in any order, with
+        the same floats as one given them all at once (numpy's cumsum and sum)."""
+        tm = TimingModel(get_model("Llama-3-8B"), get_gpu("H100-SXM"))
+        kv = 1000 * batch
+        whole = tm.decode_times(batch, kv, kv, kmax)
+        whole[0] += delay
+        eager = DecodeRun(2.0, [], whole, 16)
+        lazy = DecodeRun(
+            2.0,
+            [],
+            lambda first, count: tm.decode_series(batch, kv, kv, first, count),
+            16,
+            kmax,
+            delay,
+        )
+        span = float(eager.ends[-1]) - 2.0
+        for what, x in queries:
+            t = 2.0 + x * span * 1.1
+            if what == "until":
+                k = eager.steps_until(t)
+                assert lazy.steps_until(t) == k
+                assert lazy.end(k) == 2.0 + float(whole[:k].sum())
+            elif what == "done":
+                assert lazy.done_by(t) == eager.done_by(t)
+            else:
+                k = min(kmax, int(x * kmax) + 1)
+                assert lazy.elapsed(k) == float(whole[:k].sum())
+        assert lazy.ends.tolist() == (2.0 + np.cumsum(whole)).tolist()

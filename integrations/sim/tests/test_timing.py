@@ -7,9 +7,12 @@ import pathlib
 import attrs
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvpolicy.kvmodel import ModelSpec, get_gpu, get_model
 from kvpolicy.sim import TimingModel, fit_error, fit_timing, read_timing_csv
+from kvpolicy.sim._timing import pairwise_sum
 
 
 class TestTimingModel:
@@ -34,11 +37,34 @@ class TestTimingModel:
         want = [tm.iteration_time(8, 1000 + 8 * i, 1000 + 8 * i) for i in range(5)]
         np.testing.assert_allclose(got, want, rtol=1e-12)
 
+    @pytest.mark.parametrize("tp", [1, 2])
+    def test_decode_series_are_the_array_floats(self, tp: int) -> None:
+        """Any stretch of the decode series, short (Python) or long (numpy), holds exactly
+        the floats of the whole vectorised one."""
+        tm = TimingModel(get_model("Llama-3-8B"), get_gpu("H100-SXM"), tp=tp)
+        for batch, kv in ((1, 0), (7, 1234), (300, 250_000)):
+            want = tm.decode_times(batch, kv, kv + 3, 300).tolist()
+            for first, count in ((0, 300), (0, 5), (3, 23), (17, 24), (250, 50)):
+                got = tm.decode_series(batch, kv, kv + 3, first, count)
+                assert got == want[first : first + count]
+
     def test_needs_a_parameter_count(self) -> None:
         """A model without num_params cannot be timed."""
         m = ModelSpec("x", 2, 2, 64)
         with pytest.raises(ValueError, match="num_params"):
             TimingModel(m, get_gpu("H100-SXM"))
+
+
+class TestPairwiseSum:
+    @settings(max_examples=300, deadline=None)
+    @given(
+        values=st.lists(st.floats(1e-6, 1e3, allow_nan=False, allow_infinity=False), max_size=600),
+        data=st.data(),
+    )
+    def test_is_numpys_sum(self, values: list[float], data: st.DataObject) -> None:
+        """The sum of the first n values is np.sum's float, bit for bit."""
+        n = data.draw(st.integers(0, len(values)))
+        assert pairwise_sum(values, n) == float(np.array(values[:n]).sum())
 
 
 class TestFit:

@@ -306,3 +306,64 @@ class TestBounds:
         raised before anything is allocated."""
         with pytest.raises(ValueError, match=re.escape(message)):
             BlockPool(**kwargs)
+
+
+class TestAppendMany:
+    @staticmethod
+    def _pools() -> tuple[BlockPool, BlockPool]:
+        pools = []
+        for _ in range(2):
+            pool = BlockPool(num_blocks=40, block_size=4)
+            pool.allocate("a", 6, chain_block_hashes(list(range(6)), 4))
+            pool.allocate("b", 8)
+            pool.allocate("c", 3)
+            pool.free("b")  # its blocks go to the tail of the free list
+            pool.allocate("b", 4, chain_block_hashes(list(range(6)), 4))  # a prefix hit
+            pools.append(pool)
+        return pools[0], pools[1]
+
+    def test_equals_appends_one_after_another(self) -> None:
+        """The same block tables, token counts and free list as one append per request."""
+        one, many = self._pools()
+        growth = [("a", 7), ("c", 1), ("b", 9)]
+        for rid, n in growth:
+            assert one.append(rid, n)
+        assert many.append_many(growth)
+        for rid in ("a", "b", "c"):
+            assert many.block_table(rid) == one.block_table(rid)
+            assert many.num_tokens(rid) == one.num_tokens(rid)
+        assert many.stats() == one.stats()
+        assert many.allocate("d", 40) == one.allocate("d", 40)
+
+    def test_copies_a_shared_partial_block_as_append_does(self) -> None:
+        """A forked request's shared partial block is copied in turn, as by append."""
+        one, many = self._pools()
+        for pool in (one, many):
+            pool.fork("c", "f")
+        for rid, n in (("f", 2), ("a", 5)):
+            assert one.append(rid, n)
+        assert many.append_many([("f", 2), ("a", 5)])
+        assert many.block_table("f") == one.block_table("f")
+        assert many.block_table("a") == one.block_table("a")
+        assert many.stats() == one.stats()
+
+    def test_all_or_nothing(self) -> None:
+        """When the blocks needed together are not free, nothing changes."""
+        pool, _ = self._pools()
+        before = pool.stats()
+        tables = {rid: pool.block_table(rid) for rid in ("a", "b", "c")}
+        assert not pool.append_many([("c", 1), ("a", 4 * before.free_blocks + 4)])
+        assert {rid: pool.block_table(rid) for rid in ("a", "b", "c")} == tables
+        assert pool.stats().failed_allocations == before.failed_allocations + 1
+
+    def test_bad_input_is_refused(self) -> None:
+        """An unknown request, one named twice or a negative count raises, changing nothing."""
+        pool, _ = self._pools()
+        before = pool.stats()
+        with pytest.raises(BlockPoolError, match="unknown request 'zz'"):
+            pool.append_many([("a", 1), ("zz", 1)])
+        with pytest.raises(BlockPoolError, match="twice"):
+            pool.append_many([("a", 1), ("a", 1)])
+        with pytest.raises(ValueError, match="'num_tokens' must be >= 0: -1"):
+            pool.append_many([("a", 1), ("c", -1)])
+        assert pool.stats() == before

@@ -388,17 +388,23 @@ class Batch:
             need += (p + k + bs - 1) // bs - (p + bs - 1) // bs
         return need
 
-    def grow(self, s: Seq, k: int) -> None:
-        """Add ``k`` tokens of KV to ``s``. The pool is told a block at a time: it records
-        tokens up to the end of the last block, so one call serves ``block_size`` decode
+    def grow_all(self, seqs: Sequence[Seq], k: int) -> None:
+        """Add ``k`` tokens of KV to each of ``seqs`` (distinct requests), with one call to
+        the pool for all of them. The pool is told a block at a time: it records tokens up
+        to the end of a request's last block, so one call serves ``block_size`` decode
         steps; its block count (the memory) is the same as with one call per token."""
-        new = s.pool_tokens + k
-        if new > s.pool_reserved:
-            end = -(-new // self._bs) * self._bs
-            ok = self._pool.append(s.rid, end - s.pool_reserved)
+        bs = self._bs
+        growth: list[tuple[str, int]] = []
+        for s in seqs:
+            new = s.pool_tokens + k
+            if new > s.pool_reserved:
+                end = -(-new // bs) * bs
+                growth.append((s.rid, end - s.pool_reserved))
+                s.pool_reserved = end
+            s.pool_tokens = new
+        if growth:
+            ok = self._pool.append_many(growth)
             assert ok, "blocks were counted before the step"
-            s.pool_reserved = end
-        s.pool_tokens = new
 
     @property
     def block_size(self) -> int:

@@ -445,11 +445,13 @@ class Server:
                 requests wait.
         """
         batch, step = self._batch, self._step
-        preempted, budget, reserve = step.prepare()
+        preempted, budget, reserve, decoding = step.prepare()
         if preempted:
             budget = 0  # vLLM admits no new request in an iteration that preempts
+        before, swapped = len(batch.running), len(batch.swapped)
         batch.admit(step.now, step.step, budget, reserve)
-        if not batch.running:
+        running = batch.running
+        if not running:
             if batch.waiting or batch.swapped:
                 raise SimError(
                     f"nothing runs at t={step.now:.3f}s with {len(batch.waiting)} waiting: "
@@ -457,10 +459,17 @@ class Server:
                 )
             return None
         self._started = step.now
-        if all(s.computed >= s.target for s in batch.running):  # all decoding
-            self._pending = step.plan_decode()
+        # Admission only appends: the requests before it are as prepare() found them, and
+        # their decodes need the same blocks unless a swapped request came back among them.
+        need = reserve if len(batch.swapped) == swapped else None
+        if decoding is None:
+            decoding = all(s.computed >= s.target for s in running)
+        elif decoding and len(running) > before:
+            decoding = all(s.computed >= s.target for s in running[before:])
+        if decoding:
+            self._pending = step.plan_decode(need)
         else:
-            step.mixed(self._rec.first_output)
+            step.mixed(self._rec.first_output, need)
         return self._started
 
     @property

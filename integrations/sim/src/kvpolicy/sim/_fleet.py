@@ -456,7 +456,8 @@ class _Run:
             if pos is None:
                 continue
             r = replicas[k]
-            board[pos] = r.fresh_view(now, ())
+            # A router blind to KV memory may be shown it as of the replica's last change.
+            board[pos] = r.fresh_view(now, ()) if kv else r.settled_view()
             if kv and r.view_until < math.inf:
                 heapq.heappush(expiry, (r.view_until, k, r.version))
         dirty.clear()

@@ -49,7 +49,7 @@ class FrontDoor:
         refresh: RefreshConfig | None = None,
     ) -> None:
         self._reqs = requests
-        self._arrivals = arrivals
+        self._arrivals: list[float] = arrivals.tolist()  # read one at a time: floats
         self._rec = recorder
         self._gate = gate
         self._max_retries = config.max_retries
@@ -70,7 +70,7 @@ class FrontDoor:
         """Time of the next arrival or client retry (``inf`` when none is left)."""
         t = math.inf
         if self._next < len(self._reqs):
-            t = float(self._arrivals[self._next])
+            t = self._arrivals[self._next]
         if self._retries and self._retries[0][0] < t:
             t = self._retries[0][0]
         return t
@@ -83,13 +83,14 @@ class FrontDoor:
         n = len(self._reqs)
         i = self._next
         rejected = self._rec.rejected
-        while i < n and self._arrivals[i] <= now:
+        arrivals = self._arrivals
+        while i < n and arrivals[i] <= now:
             if rejected[i]:
                 self._rec.done += 1
             elif self._gate is None or self._knock(i, now):
                 entered.append(i)
                 if times is not None:
-                    times.append(float(self._arrivals[i]))
+                    times.append(self._arrivals[i])
             i += 1
         self._next = i
         while self._retries and self._retries[0][0] <= now:

@@ -38,6 +38,9 @@ from __future__ import annotations
 import csv
 import math
 import pathlib
+from collections.abc import Sequence
+from functools import reduce
+from operator import add
 
 import attrs
 import numpy as np
@@ -53,6 +56,7 @@ __all__ = [
     "TimingModel",
     "fit_error",
     "fit_timing",
+    "pairwise_sum",
     "read_timing_csv",
 ]
 
@@ -192,6 +196,41 @@ class TimingModel:
         tp_out: NDArray[np.float64] = self.overhead_s + np.maximum(t_mem, t_flops / self.tp) + comm
         return tp_out
 
+    def decode_series(
+        self, batch: int, kv_tokens: int, context_tokens: int, first: int, count: int
+    ) -> list[float]:
+        """The seconds of iterations ``first .. first + count - 1`` of :meth:`decode_times`,
+        the same floats (token counts are whole numbers, exact in float64, so iteration
+        ``i`` is computed alike from either end): a short stretch in plain Python, a long
+        one with numpy, for a caller that needs only the first few of a long run.
+        """
+        if count >= 24:
+            series: list[float] = self.decode_times(
+                batch, kv_tokens + first * batch, context_tokens + first * batch, count
+            ).tolist()
+            return series
+        weights = self._weights()
+        kv_bytes = self.kv_bytes_per_token
+        dense = 2.0 * self.model.num_params * batch
+        per_pair = self._attn_flops_per_pair
+        mem_rate = self.bandwidth_efficiency * self.gpu.hbm_bandwidth
+        flops_rate = self.flops_efficiency * self.gpu.peak_flops
+        overhead = self.overhead_s
+        tp = self.tp
+        comm = self.allreduce_time(batch) if tp > 1 else 0.0
+        b = float(batch)
+        out: list[float] = []
+        for i in range(first, first + count):
+            step = i * b
+            t_mem = (weights + kv_bytes * (kv_tokens + step)) / mem_rate
+            t_flops = (dense + per_pair * (context_tokens + step)) / flops_rate
+            if tp == 1:
+                out.append(overhead + (t_mem if t_mem >= t_flops else t_flops))
+            else:
+                t_flops /= tp
+                out.append(overhead + (t_mem if t_mem >= t_flops else t_flops) + comm)
+        return out
+
     def compute_time(self, num_tokens: int | float, attn_pairs: int | float) -> float:
         """Seconds of compute that ``num_tokens`` tokens (scoring ``attn_pairs`` query-key
         pairs) add to an iteration: their FLOPs at the sustained rate, no weights read (split
@@ -205,6 +244,32 @@ class TimingModel:
     def transfer_time(self, num_tokens: int, bandwidth: float) -> float:
         """Seconds to move the KV of ``num_tokens`` tokens over a link of ``bandwidth`` B/s."""
         return num_tokens * self.kv_bytes_per_token / bandwidth
+
+
+def pairwise_sum(values: Sequence[float], n: int) -> float:
+    """The sum of ``values[:n]`` as numpy sums a float64 array (``np.sum``): pairwise, in
+    blocks of at most 128 added by eight interleaved accumulators, so that a run of
+    iterations summed here lands on exactly the clock an array sum gives.
+
+    Args:
+        values: at least ``n`` floats.
+        n: how many of them, from the first.
+    """
+    if n < 8:
+        total = 0.0
+        for i in range(n):
+            total += values[i]
+        return total
+    if n <= 128:
+        whole = n - n % 8
+        r = [reduce(add, values[j:whole:8]) for j in range(8)]
+        total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for i in range(whole, n):
+            total += values[i]
+        return total
+    half = n // 2
+    half -= half % 8
+    return pairwise_sum(values, half) + pairwise_sum(values[half:n], n - half)
 
 
 def fit_timing(

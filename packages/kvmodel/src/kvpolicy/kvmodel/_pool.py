@@ -155,9 +155,10 @@ class BlockPool:
         "_counters",
         "_dropped",
         "_fill",
-        "_free",
         "_has_content",
         "_head",
+        "_is_free",
+        "_nfree",
         "_num_blocks",
         "_prefix_caching",
         "_queue",
@@ -197,11 +198,14 @@ class BlockPool:
         self._content: list[list[int] | None] = [None] * num_blocks
         self._has_content = False  # whether any token ids were ever recorded
         # The free list, least recently freed first: ``_queue[_head:]`` in order, with
-        # ``_free`` the same blocks as a set. A cached block taken back from the middle of
-        # the list (a prefix hit) leaves its entry behind: ``_stale[b]`` counts such dead
-        # entries of block b, which always come before its live one. Freeing and allocating
-        # are then list and set operations over whole runs of blocks, not one at a time.
-        self._free: set[int] = set(range(num_blocks))
+        # ``_is_free[b]`` set for the same blocks and ``_nfree`` their count. A cached block
+        # taken back from the middle of the list (a prefix hit) leaves its entry behind:
+        # ``_stale[b]`` counts such dead entries of block b, which always come before its
+        # live one. Freeing and allocating are list operations over whole runs of blocks
+        # and one byte per block (a set of block ids would be megabytes per pool, which a
+        # fleet of pools touches all over, missing the cache).
+        self._is_free = bytearray(b"\x01") * num_blocks
+        self._nfree = num_blocks
         self._queue: list[int] = list(range(num_blocks))
         self._head = 0
         self._stale: dict[int, int] = {}
@@ -226,7 +230,7 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks on the free list (cached ones included)."""
-        return len(self._free)
+        return self._nfree
 
     def has_request(self, request_id: str) -> bool:
         """Whether ``request_id`` holds blocks here."""
@@ -249,11 +253,11 @@ class BlockPool:
         """Owners of ``block_id``."""
         if not 0 <= block_id < self._num_blocks:
             raise BlockPoolError(f"'block_id' out of range [0, {self._num_blocks}): {block_id}")
-        return 0 if block_id in self._free else self._ref[block_id]
+        return 0 if self._is_free[block_id] else self._ref[block_id]
 
     def is_free(self, block_id: int) -> bool:
         """Whether ``block_id`` is on the free list."""
-        return block_id in self._free
+        return bool(self._is_free[block_id])
 
     def read(self, request_id: str) -> list[int]:
         """The token ids ``request_id`` wrote (only tokens appended with ids are recorded)."""
@@ -297,12 +301,12 @@ class BlockPool:
 
     def stats(self) -> PoolStats:
         """Usage figures now."""
-        free = self._free
-        used = [b for b in range(self._num_blocks) if b not in free]
+        free = self._is_free
+        used = [b for b in range(self._num_blocks) if not free[b]]
         return PoolStats(
             num_blocks=self._num_blocks,
             block_size=self._block_size,
-            free_blocks=len(self._free),
+            free_blocks=self._nfree,
             used_blocks=len(used),
             cached_blocks=len(self._cached),
             shared_blocks=sum(1 for b in used if self._ref[b] > 1),
@@ -366,24 +370,22 @@ class BlockPool:
                 if block is None:
                     break
                 hits.append(block)
-        free = self._free
-        hits_from_free = sum(1 for b in hits if b in free)
+        free = self._is_free
+        hits_from_free = sum(free[b] for b in hits)
         fresh = self.blocks_needed(num_tokens) - len(hits)
-        if fresh > len(self._free) - hits_from_free:
+        if fresh > self._nfree - hits_from_free:
             self._counters["failed"] += 1
             return None
         if self._prefix_caching:
             self._counters["queries"] += min(len(prefix_hashes), full_blocks)
             self._counters["hits"] += len(hits)
-        table: list[int] = []
+        start = len(hits)
         for b in hits:
             self._take(b)
-            table.append(b)
-        table.extend(self._pop_many(fresh))
+        table = hits + self._pop_many(fresh)
         self._tables[request_id] = table
-        cached_tokens = len(hits) * bs
+        cached_tokens = start * bs
         # Hit blocks and fresh ones are full, but maybe the last.
-        start = len(hits)
         if fresh and num_tokens % bs:
             self._fill[table[-1]] = num_tokens % bs
         if token_ids is not None:
@@ -391,8 +393,13 @@ class BlockPool:
             for i in range(start, len(table)):
                 self._content[table[i]] = list(token_ids[i * bs : (i + 1) * bs])
         if self._prefix_caching:
+            cached, block_hash = self._cached, self._block_hash
             for i in range(start, min(len(prefix_hashes), full_blocks)):
-                self._register(table[i], prefix_hashes[i])
+                h = prefix_hashes[i]
+                if h not in cached:  # the first block to hold this prefix is the one cached
+                    b = table[i]
+                    cached[h] = b
+                    block_hash[b] = h
         self._tokens[request_id] = num_tokens
         return Allocation(block_ids=tuple(table), cached_tokens=cached_tokens)
 
@@ -421,7 +428,7 @@ class BlockPool:
         partial = have % bs != 0
         cow = partial and self._ref[table[-1]] > 1
         new_blocks = -(-(have + num_tokens) // bs) - len(table)
-        if new_blocks + int(cow) > len(self._free):
+        if new_blocks + int(cow) > self._nfree:
             self._counters["failed"] += 1
             return False
         if cow:
@@ -467,6 +474,64 @@ class BlockPool:
         self._tokens[request_id] = have + num_tokens
         return True
 
+    def append_many(self, growth: Sequence[tuple[str, int]]) -> bool:
+        """Grow each of several requests, ``(request_id, num_tokens)`` pairs, as
+        :meth:`append` would one after the other (the same blocks, in the same order),
+        all or none: ``False`` and nothing changed when the blocks they need together are
+        not free. One call for a batch's step, whose requests cross block boundaries
+        together.
+
+        Raises:
+            BlockPoolError: an unknown request, or one named twice.
+        """
+        tables, tokens, ref, bs = self._tables, self._tokens, self._ref, self._block_size
+        plan: list[tuple[str, list[int], int, int, int]] = []
+        total = 0
+        cow = False
+        for request_id, num_tokens in growth:
+            table = tables.get(request_id)
+            if table is None:
+                raise BlockPoolError(f"unknown request {request_id!r}")
+            if type(num_tokens) is not int or num_tokens < 0:
+                self._check_count("num_tokens", num_tokens)
+            have = tokens[request_id]
+            new_blocks = -(-(have + num_tokens) // bs) - len(table)
+            if num_tokens and have % bs and ref[table[-1]] > 1:
+                cow = True
+                total += 1
+            total += new_blocks
+            plan.append((request_id, table, have, num_tokens, new_blocks))
+        if len({request_id for request_id, _ in growth}) != len(plan):
+            raise BlockPoolError("append_many names a request twice")
+        if total > self._nfree:
+            self._counters["failed"] += 1
+            return False
+        if cow:  # a copy takes its block between the others: one request at a time
+            for request_id, _, _, num_tokens, _ in plan:
+                self.append(request_id, num_tokens)
+            return True
+        fresh = self._pop_many(total) if total else []
+        fill = self._fill
+        at = 0
+        for request_id, table, have, num_tokens, new_blocks in plan:
+            rest = num_tokens
+            if have % bs:
+                add = min(bs - have % bs, rest)
+                fill[table[-1]] += add
+                rest -= add
+            if new_blocks == 1:  # a decode step crosses one block boundary at a time
+                block = fresh[at]
+                at += 1
+                fill[block] = rest
+                table.append(block)
+            elif new_blocks:
+                mine = fresh[at : at + new_blocks]  # full, but the last
+                at += new_blocks
+                fill[mine[-1]] = rest - (new_blocks - 1) * bs
+                table.extend(mine)
+            tokens[request_id] = have + num_tokens
+        return True
+
     def copy_on_write(self, request_id: str, block_index: int) -> int | None:
         """Give ``request_id`` a private copy of its logical block ``block_index``.
 
@@ -481,7 +546,7 @@ class BlockPool:
         old = table[block_index]
         if self._ref[old] == 1:
             return old
-        if not self._free:
+        if not self._nfree:
             self._counters["failed"] += 1
             return None
         new = self._pop_free()
@@ -594,9 +659,10 @@ class BlockPool:
             raise ValueError(f"'{name}' must be >= 0: {value}")
 
     def _take(self, block: int) -> None:
-        free = self._free
-        if block in free:
-            free.remove(block)  # its count is 1 already; its entry in the queue is dead
+        free = self._is_free
+        if free[block]:
+            free[block] = 0  # its count is 1 already; its entry in the queue is dead
+            self._nfree -= 1
             self._stale[block] = self._stale.get(block, 0) + 1
         else:
             self._ref[block] += 1
@@ -604,7 +670,10 @@ class BlockPool:
     def _release(self, blocks: list[int]) -> None:
         """Put owned-once ``blocks`` at the tail of the free list, in order."""
         self._queue.extend(blocks)
-        self._free.update(blocks)
+        free = self._is_free
+        for b in blocks:
+            free[b] = 1
+        self._nfree += len(blocks)
 
     def _pop_many(self, n: int) -> list[int]:
         """Take ``n`` blocks from the head of the free list (least recently freed first),
@@ -632,7 +701,10 @@ class BlockPool:
             del queue[:head]
             head = 0
         self._head = head
-        self._free.difference_update(out)
+        free = self._is_free
+        for block in out:
+            free[block] = 0
+        self._nfree -= len(out)
         block_hash = self._block_hash
         if block_hash:
             cached, dropped = self._cached, self._dropped
@@ -652,11 +724,6 @@ class BlockPool:
         block = self._pop_many(1)[0]
         self._fill[block] = 0
         return block
-
-    def _register(self, block: int, block_hash: int) -> None:
-        if block_hash not in self._cached:
-            self._cached[block_hash] = block
-            self._block_hash[block] = block_hash
 
     def _unregister(self, block: int) -> None:
         h = self._block_hash.pop(block, None)

@@ -263,7 +263,7 @@ class LiveEngine:
             for s in self._incoming:
                 batch.waiting.append(s)
             self._incoming.clear()
-            preempted, budget, reserve = step.prepare()
+            preempted, budget, reserve, _ = step.prepare()
             batch.admit(step.now, step.step, 0 if preempted else budget, reserve)
             if not batch.running:
                 await asyncio.sleep(0.001)
