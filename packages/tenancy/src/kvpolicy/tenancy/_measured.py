@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+import attrs
 from attrs import define, field
 from attrs.validators import instance_of
 
@@ -20,6 +21,11 @@ from kvpolicy.kvmodel import FleetView
 from kvpolicy.tenancy._entitlements import Resources
 
 __all__ = ["MeasuredReplica"]
+
+
+def _budget(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"'{attribute.name}' must be finite and >= 0: {value!r}")
 
 
 @define
@@ -41,6 +47,11 @@ class MeasuredReplica:
     ceiling: Resources = field(validator=instance_of(Resources))
     """What one replica serves at saturation: no measure counts above its tokens/s and
     concurrency."""
+    queue_budget_s: float = field(default=0.0, converter=float, validator=_budget)
+    """Seconds a request may wait before its prefill within the SLO: a decision counts as
+    met when the requests waiting (on the replicas and at the front door) ÷ the arrival
+    rate, Little's law's mean wait, is at most this (0: only with nothing waiting). The
+    time-to-first-token target less a prefill's time is the budget the SLO leaves."""
     tokens_per_s: float = field(init=False, default=0.0)
     """The most tokens/s one replica carried with no request waiting (0: none seen yet)."""
     concurrency: float = field(init=False, default=0.0)
@@ -65,7 +76,13 @@ class MeasuredReplica:
         serving = len(views)
         running = sum(v.running for v in views)
         waiting = sum(v.waiting for v in views) + fleet.queued
-        recent.append((fleet.time, fleet.tokens_per_s / serving, running / serving, waiting == 0))
+        if waiting == 0:
+            met = True
+        elif fleet.arrival_rate > 0.0:
+            met = waiting / fleet.arrival_rate <= self.queue_budget_s
+        else:
+            met = False  # requests waiting and none arriving: no wait to bound
+        recent.append((fleet.time, fleet.tokens_per_s / serving, running / serving, met))
         in_system_s = 0.0
         if fleet.arrival_rate > 0.0:
             in_system_s = (running + waiting) / fleet.arrival_rate
