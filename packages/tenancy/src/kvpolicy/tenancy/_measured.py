@@ -37,11 +37,12 @@ class MeasuredReplica:
     once it was carried for as long as a request stays in the system (the requests in
     flight ÷ the arrival rate, Little's law: the time over which the KV in use comes to
     reflect the load; at least the time since the previous decision) with no request
-    waiting, on the replicas or at the front door, at any decision of that time nor at the
-    one before it: it counts as the smallest load of those decisions, each carried with
-    every request admitted at once. The measured rate is the largest such load (0 before
-    any); :meth:`capacity` bounds it by a model's rate from below and ``ceiling`` (the
-    saturation rate) from above.
+    waiting, on the replicas or at the front door (or those waiting within
+    ``queue_budget_s``), at any decision of that time nor at the one before it: it counts
+    as the smallest load of those decisions, each carried with every request admitted at
+    once. The measured rate is the largest such load (0 before any); :meth:`capacity`
+    bounds it by a model's rate from below and ``ceiling`` (the saturation rate) from
+    above.
     """
 
     ceiling: Resources = field(validator=instance_of(Resources))
