@@ -121,6 +121,27 @@ class TestTokenPoolAutoscaler:
         with pytest.raises(ValueError, match="'burst_decay'"):
             TokenPoolAutoscaler(small_pool, REPLICA, burst_decay=1.0)
 
+    def test_served_and_arriving_are_averaged_apart(self, small_pool: TokenPool) -> None:
+        """Served and arriving tokens/s alternate between 400 and 800, out of step: with
+        gamma_b 0.5 each is averaged apart (650 served, 550 arriving: 7 replicas at the
+        third decision), where averaging the larger of the two would count 750 (8)."""
+        scaler = TokenPoolAutoscaler(small_pool, REPLICA, burst_decay=0.5)
+
+        def view(t: float, served: float, arriving: float) -> FleetView:
+            rate = arriving / 100.0  # 100 tokens a request
+            return FleetView(
+                t,
+                tokens_per_s=served,
+                arrival_rate=rate,
+                mean_prompt_tokens=50.0,
+                mean_output_tokens=50.0,
+            )
+
+        assert scaler.target(view(0.0, 600.0, 600.0)) == 6
+        assert scaler.target(view(10.0, 400.0, 800.0)) == 7  # 500 served, 700 arriving
+        assert scaler.target(view(20.0, 800.0, 400.0)) == 7  # 650 and 550
+        assert scaler.observed(view(30.0, 400.0, 800.0))[0] == 800.0  # now, not averaged
+
     def test_kv_and_concurrency_burst(self, small_pool: TokenPool) -> None:
         """3 full replicas hold 1.2 MB (3 replicas); 15 requests on them and 5 queued need
         20 slots (5 replicas)."""
@@ -293,6 +314,35 @@ class TestMeasuredReplica:
         with pytest.raises(ValueError, match="'time' must not go back"):
             meter.observe(view(79.0, 500.0))
 
+    def test_a_wait_within_the_queue_budget_counts(self) -> None:
+        """With a 0.5 s queue budget, 2 requests waiting at 8 req/s (a 0.25 s mean wait by
+        Little's law) still meet the SLO and the load counts; 8 waiting (1 s) do not, nor
+        do requests waiting with none arriving."""
+        meter = MeasuredReplica(CEILING, queue_budget_s=0.5)
+
+        def view(t: float, waiting: int, rate: float = 8.0) -> FleetView:
+            busy = _serving(2, running=4, waiting=waiting // 2)
+            return FleetView(t, tokens_per_s=400.0, arrival_rate=rate, **busy)
+
+        meter.observe(view(0.0, 2))
+        meter.observe(view(10.0, 2))
+        assert (meter.tokens_per_s, meter.concurrency) == (200.0, 4.0)
+        strict = MeasuredReplica(CEILING)  # the default: nothing may wait
+        strict.observe(view(0.0, 2))
+        strict.observe(view(10.0, 2))
+        assert strict.tokens_per_s == 0.0
+        over = MeasuredReplica(CEILING, queue_budget_s=0.5)
+        over.observe(view(0.0, 8))
+        over.observe(view(10.0, 8))
+        assert over.tokens_per_s == 0.0
+        idle = MeasuredReplica(CEILING, queue_budget_s=0.5)
+        idle.observe(view(0.0, 2, rate=0.0))
+        idle.observe(view(10.0, 2, rate=0.0))
+        assert idle.tokens_per_s == 0.0
+        for bad in (-1.0, float("inf"), float("nan")):
+            with pytest.raises(ValueError, match="'queue_budget_s' must be finite and >= 0"):
+                MeasuredReplica(CEILING, queue_budget_s=bad)
+
     def test_bounded_by_the_model_and_the_saturation(self) -> None:
         """Below the model's rate the model's counts; no more than the ceiling counts."""
         meter = MeasuredReplica(CEILING)
@@ -337,6 +387,10 @@ class TestMeasuredReplica:
             small_pool, REPLICA, measure_rate=True, saturation=given
         )
         assert scaler.measured == MeasuredReplica(CEILING)
+        scaler = TokenPoolAutoscaler.for_pool(
+            small_pool, REPLICA, measure_rate=True, saturation=given, queue_budget_s=0.4
+        )
+        assert scaler.measured == MeasuredReplica(CEILING, queue_budget_s=0.4)
         assert TokenPoolAutoscaler.for_pool(small_pool, REPLICA).measured is None
         with pytest.raises(ValueError, match="'saturation' is required to measure the rate"):
             TokenPoolAutoscaler.for_pool(small_pool, REPLICA, measure_rate=True)

@@ -60,7 +60,9 @@ class TokenPoolAutoscaler:
     waiting requests plus those queued at the front door. Each dimension needs
     ``max(committed, observed)`` (the commitment plus the burst above it) ÷ one replica's
     capacity, rounded up (what is observed averaged over the decisions with
-    ``burst_decay``, as seed 004 averages an entitlement's burst); the target is the largest
+    ``burst_decay``, as seed 004 averages an entitlement's burst: the tokens/s served and
+    those arriving each averaged before the larger is taken, as the larger of two noisy
+    estimates of one demand overstates it); the target is the largest
     (the largest of the decisions within ``stabilisation_s``), clamped to
     ``[min_replicas, max_replicas]``. With ``measured``, one replica's tokens/s and
     concurrency are the larger of ``replica``'s and what the replicas online were seen to
@@ -111,6 +113,7 @@ class TokenPoolAutoscaler:
         burst_decay: float = 0.0,
         measure_rate: bool = False,
         saturation: Resources | Mapping[str, Any] | None = None,
+        queue_budget_s: float = 0.0,
         *,
         context: ServerContext | None = None,
     ) -> TokenPoolAutoscaler:
@@ -123,7 +126,8 @@ class TokenPoolAutoscaler:
         tokens/s and concurrency are measured on the fleet (:class:`MeasuredReplica`,
         sustained with no request waiting), between ``replica``'s and ``saturation``'s (given
         as ``replica`` is, or the server of ``context`` at saturation: its tokens/s and
-        batch size).
+        batch size), a decision's load counting with requests waiting for at most
+        ``queue_budget_s`` by Little's law (:attr:`MeasuredReplica.queue_budget_s`).
 
         Raises:
             ValueError: neither ``replica`` nor ``context`` is given, or ``measure_rate``
@@ -157,7 +161,7 @@ class TokenPoolAutoscaler:
                     kv_bytes=replica.kv_bytes,
                     concurrency=context.max_batch,
                 )
-            measured = MeasuredReplica(saturation)
+            measured = MeasuredReplica(saturation, queue_budget_s)
         return cls(
             pool, replica, min_replicas, max_replicas, stabilisation_s, burst_decay, measured
         )
@@ -183,10 +187,15 @@ class TokenPoolAutoscaler:
 
     def observed(self, fleet: FleetView) -> tuple[float, float, int]:
         """``(tokens_per_s, kv_bytes, concurrency)`` the fleet uses or asks for now."""
+        served, arriving, kv, conc = self._signals(fleet)
+        return max(served, arriving), kv, int(conc)
+
+    def _signals(self, fleet: FleetView) -> tuple[float, float, float, float]:
+        """Tokens/s served, tokens/s arriving, KV bytes in use and requests in flight."""
         arriving = fleet.arrival_rate * (fleet.mean_prompt_tokens + fleet.mean_output_tokens)
         kv = math.fsum(r.kv_usage for r in fleet.up) * self.replica.kv_bytes
         conc = sum(r.running + r.waiting for r in fleet.up) + fleet.queued
-        return max(fleet.tokens_per_s, arriving), kv, conc
+        return fleet.tokens_per_s, arriving, kv, float(conc)
 
     def target(self, fleet: FleetView) -> int:
         """The replicas the busiest dimension needs (the most it needed within
@@ -206,14 +215,16 @@ class TokenPoolAutoscaler:
             self.measured.observe(fleet)
         replica = self.capacity
         capacity = (replica.tokens_per_s, replica.kv_bytes, replica.concurrency)
-        observed = [float(x) for x in self.observed(fleet)]
+        signals = list(self._signals(fleet))
         smoothed = self._smoothed
         if smoothed:
             g = self.burst_decay
-            observed = [
-                g * old + (1.0 - g) * new for old, new in zip(smoothed, observed, strict=True)
+            signals = [
+                g * old + (1.0 - g) * new for old, new in zip(smoothed, signals, strict=True)
             ]
-        smoothed[:] = observed
+        smoothed[:] = signals
+        served, arriving, kv, conc = signals
+        observed = (max(served, arriving), kv, conc)  # each averaged before the larger is taken
         need = max(
             math.ceil(max(committed, seen) / per_replica)
             for committed, seen, per_replica in zip(self.committed, observed, capacity, strict=True)

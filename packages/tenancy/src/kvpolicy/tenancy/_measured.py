@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+import attrs
 from attrs import define, field
 from attrs.validators import instance_of
 
@@ -20,6 +21,11 @@ from kvpolicy.kvmodel import FleetView
 from kvpolicy.tenancy._entitlements import Resources
 
 __all__ = ["MeasuredReplica"]
+
+
+def _budget(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"'{attribute.name}' must be finite and >= 0: {value!r}")
 
 
 @define
@@ -31,16 +37,22 @@ class MeasuredReplica:
     once it was carried for as long as a request stays in the system (the requests in
     flight ÷ the arrival rate, Little's law: the time over which the KV in use comes to
     reflect the load; at least the time since the previous decision) with no request
-    waiting, on the replicas or at the front door, at any decision of that time nor at the
-    one before it: it counts as the smallest load of those decisions, each carried with
-    every request admitted at once. The measured rate is the largest such load (0 before
-    any); :meth:`capacity` bounds it by a model's rate from below and ``ceiling`` (the
-    saturation rate) from above.
+    waiting, on the replicas or at the front door (or those waiting within
+    ``queue_budget_s``), at any decision of that time nor at the one before it: it counts
+    as the smallest load of those decisions, each carried with every request admitted at
+    once. The measured rate is the largest such load (0 before any); :meth:`capacity`
+    bounds it by a model's rate from below and ``ceiling`` (the saturation rate) from
+    above.
     """
 
     ceiling: Resources = field(validator=instance_of(Resources))
     """What one replica serves at saturation: no measure counts above its tokens/s and
     concurrency."""
+    queue_budget_s: float = field(default=0.0, converter=float, validator=_budget)
+    """Seconds a request may wait before its prefill within the SLO: a decision counts as
+    met when the requests waiting (on the replicas and at the front door) ÷ the arrival
+    rate, Little's law's mean wait, is at most this (0: only with nothing waiting). The
+    time-to-first-token target less a prefill's time is the budget the SLO leaves."""
     tokens_per_s: float = field(init=False, default=0.0)
     """The most tokens/s one replica carried with no request waiting (0: none seen yet)."""
     concurrency: float = field(init=False, default=0.0)
@@ -65,7 +77,13 @@ class MeasuredReplica:
         serving = len(views)
         running = sum(v.running for v in views)
         waiting = sum(v.waiting for v in views) + fleet.queued
-        recent.append((fleet.time, fleet.tokens_per_s / serving, running / serving, waiting == 0))
+        if waiting == 0:
+            met = True
+        elif fleet.arrival_rate > 0.0:
+            met = waiting / fleet.arrival_rate <= self.queue_budget_s
+        else:
+            met = False  # requests waiting and none arriving: no wait to bound
+        recent.append((fleet.time, fleet.tokens_per_s / serving, running / serving, met))
         in_system_s = 0.0
         if fleet.arrival_rate > 0.0:
             in_system_s = (running + waiting) / fleet.arrival_rate
