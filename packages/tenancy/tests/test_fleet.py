@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 
@@ -104,6 +105,48 @@ class TestFleet:
         ]
         fleet.prefix.remove(first.id, h[1:])  # the index is shown live, not copied
         assert set(views[fleet.backends.index(first)].resident("gpu")) == {h[0]}
+
+    def test_views_say_what_changed_since_the_last_shown(self) -> None:
+        """Each decision's views name the views shown before and a superset of the
+        positions whose view is another one since (counts, prefix holders, a refresh);
+        after the candidates change they name nothing."""
+
+        class Keeping(Fewest):
+            def __init__(self) -> None:
+                super().__init__()
+                self.shown: list[tuple[Sequence[ReplicaView], object]] = []
+
+            def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
+                # (the hint as the router sees it: the fleet drops it once views go on)
+                self.shown.append((replicas, getattr(replicas, "changed_since", "absent")))
+                return super().route(request, replicas)
+
+        router = Keeping()
+        fleet, _ = _fleet(router)
+        h = text_block_hashes("shared system prompt " * 20, 64)
+        held = []
+        for i in range(30):
+            hashes = h if i % 3 else ()
+            b = fleet.pick(f"r{i}", 10, hashes)
+            assert b is not None
+            fleet.begin(b, 10, hashes)
+            held.append(b)
+            if i % 4 == 3:
+                fleet.end(held.pop(0), 10)
+            if i == 10:
+                asyncio.run(fleet.refresh())
+            if i == 20:
+                fleet.drain(fleet.backends[0].id)
+        for k in range(1, len(router.shown)):
+            (now, said), (before, _) = router.shown[k], router.shown[k - 1]
+            if len(now) != len(before):  # the candidates changed (the drain)
+                assert said is None
+                continue
+            assert isinstance(said, tuple)
+            assert said[0] is before
+            moved = {i for i in range(len(now)) if now[i] is not before[i]}
+            assert moved <= set(said[1])
+        assert sum(len(v) == 3 for v, _ in router.shown) > 15
 
     def test_ejected_and_draining_backends_get_nothing(self) -> None:
         """An ejected or draining backend is no candidate; the pool's rates follow the

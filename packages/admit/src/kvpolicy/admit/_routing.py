@@ -21,7 +21,7 @@ from typing import ClassVar, Protocol, cast, runtime_checkable
 import attrs
 from attrs import define, field, frozen
 
-from kvpolicy.admit._fused import FusedTotals
+from kvpolicy.admit._fused import CHANGES, FusedTotals
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
 from kvpolicy.admit._prefix import TierCredit
@@ -61,13 +61,21 @@ DEFAULT_TIER_WEIGHTS: Mapping[str, float] = MappingProxyType(
 host-tier hit at 0.75 and a disk hit at 0.25 of a GPU hit)."""
 
 
+_LIVE: list[ReplicaViews | None] = [None]
+"""The views :func:`eligible_replicas` last found none draining in (only ever such views:
+any thread reading it may rely on that)."""
+
+
 def eligible_replicas(
     request: RoutingRequest, replicas: Sequence[ReplicaView]
 ) -> tuple[ReplicaView, ...]:
     """The replicas of ``replicas`` that may take a new request (not draining), in order.
 
     A :class:`ReplicaViews` was checked when it was made and is taken as it is (returned
-    itself when none drains); any other sequence is checked item by item.
+    itself when none drains); any other sequence is checked item by item. Views that say
+    what changed since the views before (``changed_since``, as the gateway's fleet shows
+    them: :data:`~kvpolicy.admit._fused.CHANGES`), where those had none draining, have
+    only their changed views read.
 
     Raises:
         TypeError: ``request`` is not a :class:`RoutingRequest`, or an item of ``replicas``
@@ -76,10 +84,18 @@ def eligible_replicas(
     """
     if not isinstance(request, RoutingRequest):
         raise TypeError(f"'request' must be a RoutingRequest: {request!r}")
-    if type(replicas) is ReplicaViews:  # checked when made (or a fleet's own): as it is
-        for view in replicas:
-            if view.draining:
-                return tuple([view for view in replicas if not view.draining])
+    if isinstance(replicas, ReplicaViews):  # checked when made (or a fleet's own): as it is
+        said = getattr(replicas, CHANGES, None)
+        if said is not None and said[0] is _LIVE[0]:
+            # The views before had none draining: only those that changed can.
+            for i in said[1]:
+                if replicas[i].draining:
+                    return tuple([view for view in replicas if not view.draining])
+        else:
+            for view in replicas:
+                if view.draining:
+                    return tuple([view for view in replicas if not view.draining])
+        _LIVE[0] = replicas
         return replicas
     # The common case checked in one comprehension (a routing decision at 64 replicas
     # spends its budget of tens of microseconds here otherwise): a list or tuple of plain
@@ -492,11 +508,18 @@ class WeightedRouter:
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica maximising ``sum(weight * score)``, the first on a tie."""
+        fused = self._fused
+        if fused is not None and isinstance(replicas, ReplicaViews) and replicas:
+            # Checked when made: the fused totals follow its draining replicas themselves.
+            if not isinstance(request, RoutingRequest):
+                raise TypeError(f"'request' must be a RoutingRequest: {request!r}")
+            best = fused.best(request.block_hashes, replicas)
+            return replicas[best].replica_id if best >= 0 else None
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        if self._fused is not None:
-            return eligible[self._fused.best(request.block_hashes, eligible)].replica_id
+        if fused is not None:
+            return eligible[fused.best(request.block_hashes, eligible)].replica_id
         totals = self._totals(request, eligible)
         if math.isnan(sum(totals)):  # a NaN score: the general rule orders it as before
             best = max(range(len(eligible)), key=lambda i: (totals[i], -i))
