@@ -342,8 +342,7 @@ class FusedTotals:
             state.nan = math.isnan(sum(state.totals))
             state.heap = None if state.nan else _heap(state.totals, held)
             return
-        totals, heap = state.totals, state.heap
-        start, terms = state.load
+        totals, heap, load = state.totals, state.heap, state.load
         nan = state.nan
         if nan:
             heap = None
@@ -353,19 +352,7 @@ class FusedTotals:
                 drained.add(i)
             elif drained:
                 drained.discard(i)
-            t = start  # the load total: the prefix terms left out
-            for kind, w, high, span, _ in terms:
-                if kind == _KV:
-                    term = w * (1.0 - r.kv_usage)
-                elif kind == _QUEUE:
-                    term = w * ((high - r.waiting) / span)
-                elif kind == _REQUESTS:
-                    term = w * ((high - (r.running + r.waiting)) / span)
-                else:
-                    term = w
-                t = term if t is None else t + term
-            if t is None:
-                t = 0.0
+            t = _total(r, load, ())  # the load total: the prefix terms left out
             back = False  # whether it stopped reporting blocks
             if prefix:
                 if r.prefix_blocks:

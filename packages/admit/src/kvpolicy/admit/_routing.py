@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress
 from types import MappingProxyType
 from typing import ClassVar, Protocol, cast, runtime_checkable
 
@@ -22,6 +23,7 @@ import attrs
 from attrs import define, field, frozen
 
 from kvpolicy.admit._fused import CHANGES, FusedTotals
+from kvpolicy.admit._kept import BLOCKS, LOADS, USAGE, KeptColumns
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
 from kvpolicy.admit._prefix import TierCredit
@@ -220,10 +222,16 @@ class LeastRequestsRouter:
     reads_kv_usage: ClassVar[bool] = False
     """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
+    _kept: KeptColumns = field(init=False, factory=lambda: KeptColumns(LOADS), repr=False, eq=False)
+
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The least-loaded eligible replica, the first in the list on a tie."""
         eligible = eligible_replicas(request, replicas)
-        return _least_requests(eligible).replica_id if eligible else None
+        if not eligible:
+            return None
+        kept = self._kept.columns(eligible)
+        loads = kept[0] if kept is not None else [r.running + r.waiting for r in eligible]
+        return eligible[loads.index(min(loads))].replica_id
 
 
 @frozen
@@ -233,13 +241,21 @@ class LeastKVRouter:
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
 
+    _kept: KeptColumns = field(
+        init=False, factory=lambda: KeptColumns(USAGE, LOADS), repr=False, eq=False
+    )
+
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica of least ``(kv_usage, outstanding)``, first on a tie."""
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        usage = [r.kv_usage for r in eligible]
+        kept = self._kept.columns(eligible)
+        usage = kept[0] if kept is not None else [r.kv_usage for r in eligible]
         if usage.count(usage[0]) == len(usage):  # all alike (no KV signal): least requests
+            if kept is not None:
+                loads = kept[1]
+                return eligible[loads.index(min(loads))].replica_id
             return _least_requests(eligible).replica_id
         low = min(usage)
         ties = usage.count(low)
@@ -288,6 +304,9 @@ class PrefixAwareRouter:
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
     _credit: TierCredit = field(init=False, repr=False, eq=False)
+    _kept: KeptColumns = field(
+        init=False, factory=lambda: KeptColumns(BLOCKS, LOADS), repr=False, eq=False
+    )
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_credit", TierCredit(self.tier_weights))
@@ -298,9 +317,13 @@ class PrefixAwareRouter:
         if not eligible:
             return None
         hashes = request.block_hashes
+        kept = self._kept.columns(eligible)
         if hashes:
             # Only the replicas reporting blocks can match (the others score 0).
-            held = [r for r in eligible if r.prefix_blocks]
+            if kept is not None:
+                held = [eligible[i] for i in compress(range(len(eligible)), kept[0])]
+            else:
+                held = [r for r in eligible if r.prefix_blocks]
             if held:
                 match = self._credit.match
                 scores = [match(hashes, r.prefix_blocks) for r in held]
@@ -310,6 +333,9 @@ class PrefixAwareRouter:
                         return held[0].replica_id
                     hits = [r for r, s in zip(held, scores, strict=True) if s == best]
                     return _least_requests(hits).replica_id
+        if kept is not None:
+            loads = kept[1]
+            return eligible[loads.index(min(loads))].replica_id
         return _least_requests(eligible).replica_id
 
 
