@@ -49,7 +49,9 @@ In front of a fleet (issue 26; ``--fleet-only`` runs just these, into
   prefix index looked up, the router called) over ``n`` = 4 and 64 backends, on a
   prefix-heavy stream (64 conversations, 8 shared blocks and 2 of their own each) with up
   to ``2 n`` requests in flight; ``routing_cpu_*``: the same in the thread's CPU time (on
-  a shared machine the wall clock also counts the time other processes hold the core);
+  a shared machine the wall clock also counts the time other processes hold the core; the
+  CPU clock, a system call, is read outside the wall clock's window, which it was not
+  before 2026-11-26: it added about 1 us, more at the tail);
   ``router_only_cpu_*``: the router's ``route`` alone on the same views (the
   kvpolicy-admit class's own cost). Goal p99 <= 50 us at 64 backends.
   ``routing_update_cpu_*``: what keeping the views current costs per request, outside
