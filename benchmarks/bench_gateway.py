@@ -50,8 +50,9 @@ In front of a fleet (issue 26; ``--fleet-only`` runs just these, into
   prefix-heavy stream (64 conversations, 8 shared blocks and 2 of their own each) with up
   to ``2 n`` requests in flight; ``routing_cpu_*``: the same in the thread's CPU time (on
   a shared machine the wall clock also counts the time other processes hold the core; the
-  CPU clock, a system call, is read outside the wall clock's window, which it was not
-  before 2026-11-26: it added about 1 us, more at the tail);
+  CPU clock, a system call, is read outside the wall clock's window, and the request's id
+  formatted before it, which they were not before 2026-11-26: about 1 us, more at the
+  tail);
   ``router_only_cpu_*``: the router's ``route`` alone on the same views (the
   kvpolicy-admit class's own cost). Goal p99 <= 50 us at 64 backends.
   ``routing_update_cpu_*``: what keeping the views current costs per request, outside
@@ -624,11 +625,11 @@ def bench_routing(n: int, sizes: tuple[int, ...] = (4, 64)) -> dict[str, Any]:
             router = fleet.router
             assert router is not None
             for i in range(n):
-                h = hashes[i]
+                h, rid = hashes[i], f"r{i}"
                 # The CPU clock (a system call) read outside the wall clock's window.
                 cpu_start = cpu_clock()
                 start = clock()
-                backend = fleet.pick(f"r{i}", 200, h)
+                backend = fleet.pick(rid, 200, h)
                 end = clock()
                 cpu.append((cpu_clock() - cpu_start) / 1e3)
                 times.append((end - start) / 1e3)
