@@ -107,9 +107,10 @@ class TestFleet:
         assert set(views[fleet.backends.index(first)].resident("gpu")) == {h[0]}
 
     def test_views_say_what_changed_since_the_last_shown(self) -> None:
-        """Each decision's views name the views shown before and a superset of the
-        positions whose view is another one since (counts, prefix holders, a refresh);
-        after the candidates change they name nothing."""
+        """Each decision's views over 16 backends or more name the views shown before and
+        a superset of the positions whose view is another one since (counts, prefix
+        holders, a refresh); after the candidates change they name nothing; over fewer
+        backends they say nothing."""
 
         class Keeping(Fewest):
             def __init__(self) -> None:
@@ -121,8 +122,17 @@ class TestFleet:
                 self.shown.append((replicas, getattr(replicas, "changed_since", "absent")))
                 return super().route(request, replicas)
 
+        small = Keeping()
+        _fleet(small)[0].pick("r", 10)
+        assert small.shown[-1][1] == "absent"
         router = Keeping()
-        fleet, _ = _fleet(router)
+        health = HealthConfig(interval_s=0.0)
+        fleet = Fleet(
+            [BackendSpec(f"http://h{i}:1") for i in range(20)],
+            RoutingConfig(health=health),
+            router,
+            CollectorRegistry(),
+        )
         h = text_block_hashes("shared system prompt " * 20, 64)
         held = []
         for i in range(30):
@@ -133,7 +143,10 @@ class TestFleet:
             held.append(b)
             if i % 4 == 3:
                 fleet.end(held.pop(0), 10)
-            if i == 10:
+            if i == 10:  # a scrape, then its age shown again by a refresh
+                scraped = fleet.backends[3]
+                scraped.scraped = ScrapedMetrics(5, 2, 0.25, 1000, 16)
+                scraped.scraped_at = time.monotonic() - 5.0
                 asyncio.run(fleet.refresh())
             if i == 20:
                 fleet.drain(fleet.backends[0].id)
@@ -146,7 +159,7 @@ class TestFleet:
             assert said[0] is before
             moved = {i for i in range(len(now)) if now[i] is not before[i]}
             assert moved <= set(said[1])
-        assert sum(len(v) == 3 for v, _ in router.shown) > 15
+        assert sum(len(v) == 20 for v, _ in router.shown) > 15
 
     def test_ejected_and_draining_backends_get_nothing(self) -> None:
         """An ejected or draining backend is no candidate; the pool's rates follow the

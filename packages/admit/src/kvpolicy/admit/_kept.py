@@ -22,7 +22,11 @@ from typing import Any
 from kvpolicy.admit._fused import CHANGES
 from kvpolicy.kvmodel import ReplicaView
 
-__all__ = ["BLOCKS", "LOADS", "USAGE", "Column", "KeptColumns"]
+__all__ = ["BLOCKS", "KEEP_FROM", "LOADS", "USAGE", "Column", "KeptColumns"]
+
+KEEP_FROM = 16
+"""The fewest views whose columns are kept: a router reads fewer afresh for less than
+keeping them costs."""
 
 
 class Column:
@@ -65,12 +69,18 @@ class KeptColumns:
 
     def columns(self, views: Sequence[ReplicaView]) -> tuple[list[Any], ...] | None:
         """The columns of ``views`` (read-only: they may be kept), or None for views that
-        do not say what changed (the caller reads them itself)."""
+        do not say what changed, or fewer than :data:`KEEP_FROM` (the caller reads them
+        itself); where more than a quarter changed they are read afresh (and kept)."""
         said = getattr(views, CHANGES, None)
-        if said is None:
+        if said is None or len(views) < KEEP_FROM:
             return None
         state = self._state
-        if state is not None and said[0] is state[0] and len(views) == len(state[0]):
+        if (
+            state is not None
+            and said[0] is state[0]
+            and len(views) == len(state[0])
+            and len(said[1]) * 4 <= len(views)
+        ):
             cols = state[1]
             changed = said[1]
             if changed:

@@ -23,7 +23,7 @@ import attrs
 from attrs import define, field, frozen
 
 from kvpolicy.admit._fused import CHANGES, FusedTotals
-from kvpolicy.admit._kept import BLOCKS, LOADS, USAGE, KeptColumns
+from kvpolicy.admit._kept import BLOCKS, KEEP_FROM, LOADS, USAGE, KeptColumns
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
 from kvpolicy.admit._prefix import TierCredit
@@ -229,7 +229,7 @@ class LeastRequestsRouter:
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        kept = self._kept.columns(eligible)
+        kept = self._kept.columns(eligible) if len(eligible) >= KEEP_FROM else None
         loads = kept[0] if kept is not None else [r.running + r.waiting for r in eligible]
         return eligible[loads.index(min(loads))].replica_id
 
@@ -250,7 +250,7 @@ class LeastKVRouter:
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        kept = self._kept.columns(eligible)
+        kept = self._kept.columns(eligible) if len(eligible) >= KEEP_FROM else None
         usage = kept[0] if kept is not None else [r.kv_usage for r in eligible]
         if usage.count(usage[0]) == len(usage):  # all alike (no KV signal): least requests
             if kept is not None:
@@ -317,7 +317,7 @@ class PrefixAwareRouter:
         if not eligible:
             return None
         hashes = request.block_hashes
-        kept = self._kept.columns(eligible)
+        kept = self._kept.columns(eligible) if len(eligible) >= KEEP_FROM else None
         if hashes:
             # Only the replicas reporting blocks can match (the others score 0).
             if kept is not None:

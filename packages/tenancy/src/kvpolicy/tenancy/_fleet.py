@@ -148,6 +148,11 @@ def _request_of(
     return new
 
 
+_SAY_FROM = 16
+"""The fewest candidates whose views say what changed: below, a router reads a few views
+for less than following what changed costs."""
+
+
 class _Shown(ReplicaViews):
     """The candidates' views the fleet shows for one decision, saying which of them may
     differ from those of the decision before: ``changed_since`` is ``(the views shown
@@ -488,6 +493,16 @@ class Fleet:
         keep them; the holders of the prompt's first block are shown with their prefix
         index. The fleet built each (one per backend, whose URLs are unique), so they go
         to the router as a :class:`ReplicaViews` it need not check again."""
+        if cands is self._cands and len(cands) < _SAY_FROM:
+            views = self._cand_views
+            if holders:
+                views = views.copy()
+                pos = self._cand_pos
+                for url in holders:
+                    i = pos.get(url)
+                    if i is not None:
+                        views[i] = cands[i].indexed(views[i])
+            return ReplicaViews.trusted(views)
         if cands is self._cands:
             views = self._cand_views
             held: list[int] = []
