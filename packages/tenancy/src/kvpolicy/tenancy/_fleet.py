@@ -493,16 +493,6 @@ class Fleet:
         keep them; the holders of the prompt's first block are shown with their prefix
         index. The fleet built each (one per backend, whose URLs are unique), so they go
         to the router as a :class:`ReplicaViews` it need not check again."""
-        if cands is self._cands and len(cands) < _SAY_FROM:
-            views = self._cand_views
-            if holders:
-                views = views.copy()
-                pos = self._cand_pos
-                for url in holders:
-                    i = pos.get(url)
-                    if i is not None:
-                        views[i] = cands[i].indexed(views[i])
-            return ReplicaViews.trusted(views)
         if cands is self._cands:
             views = self._cand_views
             held: list[int] = []
@@ -514,6 +504,8 @@ class Fleet:
                     if i is not None:
                         views[i] = cands[i].indexed(views[i])
                         held.append(i)
+            if len(cands) < _SAY_FROM:
+                return ReplicaViews.trusted(views)
             shown = tuple.__new__(_Shown, views)  # (ReplicaViews.trusted, without a call)
             last, dirty = self._shown, self._dirty
             if last is None:
