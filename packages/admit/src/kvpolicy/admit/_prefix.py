@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence, Set
-from itertools import takewhile
 
 __all__ = ["TierCredit", "exact_multiples"]
 
@@ -75,7 +74,11 @@ class TierCredit:
             weight = self._single.get(tier)
             if weight is None or hashes[0] not in held:
                 return 0.0
-            run = len(tuple(takewhile(held.__contains__, hashes)))  # the leading run, in C
+            run = 0
+            for h in hashes:
+                if h not in held:
+                    break
+                run += 1
             w, exact = weight
             if exact:
                 return run * w / total

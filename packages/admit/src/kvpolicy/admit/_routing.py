@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import compress
 from types import MappingProxyType
 from typing import ClassVar, Protocol, cast, runtime_checkable
 
@@ -23,7 +22,7 @@ import attrs
 from attrs import define, field, frozen
 
 from kvpolicy.admit._fused import CHANGES, FusedTotals
-from kvpolicy.admit._kept import BLOCKS, KEEP_FROM, LOADS, USAGE, KeptColumns
+from kvpolicy.admit._kept import KEEP_FROM, LOADS, USAGE, KeptColumns
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
 from kvpolicy.admit._prefix import TierCredit
@@ -304,9 +303,6 @@ class PrefixAwareRouter:
     tier_weights: Mapping[str, float] = field(default=DEFAULT_TIER_WEIGHTS, converter=_tier_weights)
     """Credit of a matched block by tier name (default GPU 1.0, host 0.75, disk 0.25)."""
     _credit: TierCredit = field(init=False, repr=False, eq=False)
-    _kept: KeptColumns = field(
-        init=False, factory=lambda: KeptColumns(BLOCKS, LOADS), repr=False, eq=False
-    )
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_credit", TierCredit(self.tier_weights))
@@ -317,13 +313,9 @@ class PrefixAwareRouter:
         if not eligible:
             return None
         hashes = request.block_hashes
-        kept = self._kept.columns(eligible) if len(eligible) >= KEEP_FROM else None
         if hashes:
             # Only the replicas reporting blocks can match (the others score 0).
-            if kept is not None:
-                held = [eligible[i] for i in compress(range(len(eligible)), kept[0])]
-            else:
-                held = [r for r in eligible if r.prefix_blocks]
+            held = [r for r in eligible if r.prefix_blocks]
             if held:
                 match = self._credit.match
                 scores = [match(hashes, r.prefix_blocks) for r in held]
@@ -333,9 +325,6 @@ class PrefixAwareRouter:
                         return held[0].replica_id
                     hits = [r for r, s in zip(held, scores, strict=True) if s == best]
                     return _least_requests(hits).replica_id
-        if kept is not None:
-            loads = kept[1]
-            return eligible[loads.index(min(loads))].replica_id
         return _least_requests(eligible).replica_id
 
 
