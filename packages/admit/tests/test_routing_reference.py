@@ -363,8 +363,9 @@ def _saying(
 @pytest.mark.parametrize("seed", [5, 6])
 def test_routers_follow_views_that_say_what_changed(seed: int) -> None:
     """Views naming the positions that changed since the views before (the gateway's
-    fleet) are followed through those alone, deciding as the rules do; a hint naming other
-    views than those last shown is ignored."""
+    fleet) are followed through those alone by ``weighted`` and ignored by the others,
+    every router deciding as its rule does; a hint naming other views than those last
+    shown is ignored."""
     rng = random.Random(seed)
     scorers = SCORERS[seed % len(SCORERS)]
     lk, lr, pa, rr = LeastKVRouter(), LeastRequestsRouter(), PrefixAwareRouter(), RoundRobinRouter()
@@ -387,8 +388,7 @@ def test_routers_follow_views_that_say_what_changed(seed: int) -> None:
 def test_routers_follow_replicas_that_drain_and_come_back() -> None:
     """Routers shown a fleet whose replicas drain and come back, a few views at a time,
     the views saying what changed, decide as the rules do at every step (``weighted``
-    follows the live ones apart while some drain; the others read only the changed views
-    for draining while none drained before)."""
+    follows the live ones apart while some drain)."""
     rng = random.Random(11)
     views = [attrs.evolve(_view(rng, i), draining=False) for i in range(40)]
     steps: list[tuple[RoutingRequest, Sequence[ReplicaView]]] = []

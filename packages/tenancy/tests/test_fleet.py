@@ -107,12 +107,14 @@ class TestFleet:
         assert set(views[fleet.backends.index(first)].resident("gpu")) == {h[0]}
 
     def test_views_say_what_changed_since_the_last_shown(self) -> None:
-        """Each decision's views over 16 backends or more name the views shown before and
-        a superset of the positions whose view is another one since (counts, prefix
-        holders, a refresh); after the candidates change they name nothing; over fewer
-        backends they say nothing."""
+        """To a router that follows them, each decision's views over 16 backends or more
+        name the views shown before and a superset of the positions whose view is another
+        one since (counts, prefix holders, a refresh); after the candidates change they
+        name nothing; over fewer backends, or to another router, they say nothing."""
 
         class Keeping(Fewest):
+            follows_changed_since = True
+
             def __init__(self) -> None:
                 super().__init__()
                 self.shown: list[tuple[Sequence[ReplicaView], object]] = []
@@ -125,14 +127,17 @@ class TestFleet:
         small = Keeping()
         _fleet(small)[0].pick("r", 10)
         assert small.shown[-1][1] == "absent"
+        specs = [BackendSpec(f"http://h{i}:1") for i in range(20)]
+        config = RoutingConfig(health=HealthConfig(interval_s=0.0))
+
+        class NotFollowing(Keeping):
+            follows_changed_since = False
+
+        plain = NotFollowing()
+        Fleet(specs, config, plain, CollectorRegistry()).pick("r", 10)
+        assert plain.shown[-1][1] == "absent"
         router = Keeping()
-        health = HealthConfig(interval_s=0.0)
-        fleet = Fleet(
-            [BackendSpec(f"http://h{i}:1") for i in range(20)],
-            RoutingConfig(health=health),
-            router,
-            CollectorRegistry(),
-        )
+        fleet = Fleet(specs, config, router, CollectorRegistry())
         h = text_block_hashes("shared system prompt " * 20, 64)
         held = []
         for i in range(30):

@@ -21,8 +21,7 @@ from typing import ClassVar, Protocol, cast, runtime_checkable
 import attrs
 from attrs import define, field, frozen
 
-from kvpolicy.admit._fused import CHANGES, FusedTotals
-from kvpolicy.admit._kept import KEEP_FROM, LOADS, USAGE, KeptColumns
+from kvpolicy.admit._fused import FusedTotals
 from kvpolicy.admit._mixing import RoutingPlan, plan_routing
 from kvpolicy.admit._policies import RequestClass
 from kvpolicy.admit._prefix import TierCredit
@@ -62,21 +61,13 @@ DEFAULT_TIER_WEIGHTS: Mapping[str, float] = MappingProxyType(
 host-tier hit at 0.75 and a disk hit at 0.25 of a GPU hit)."""
 
 
-_LIVE: list[ReplicaViews | None] = [None]
-"""The views :func:`eligible_replicas` last found none draining in (only ever such views:
-any thread reading it may rely on that)."""
-
-
 def eligible_replicas(
     request: RoutingRequest, replicas: Sequence[ReplicaView]
 ) -> tuple[ReplicaView, ...]:
     """The replicas of ``replicas`` that may take a new request (not draining), in order.
 
     A :class:`ReplicaViews` was checked when it was made and is taken as it is (returned
-    itself when none drains); any other sequence is checked item by item. Views that say
-    what changed since the views before (``changed_since``, as the gateway's fleet shows
-    them: :data:`~kvpolicy.admit._fused.CHANGES`), where those had none draining, have
-    only their changed views read.
+    itself when none drains); any other sequence is checked item by item.
 
     Raises:
         TypeError: ``request`` is not a :class:`RoutingRequest`, or an item of ``replicas``
@@ -85,18 +76,10 @@ def eligible_replicas(
     """
     if not isinstance(request, RoutingRequest):
         raise TypeError(f"'request' must be a RoutingRequest: {request!r}")
-    if isinstance(replicas, ReplicaViews):  # checked when made (or a fleet's own): as it is
-        said = getattr(replicas, CHANGES, None)
-        if said is not None and said[0] is _LIVE[0]:
-            # The views before had none draining: only those that changed can.
-            for i in said[1]:
-                if replicas[i].draining:
-                    return tuple([view for view in replicas if not view.draining])
-        else:
-            for view in replicas:
-                if view.draining:
-                    return tuple([view for view in replicas if not view.draining])
-        _LIVE[0] = replicas
+    if type(replicas) is ReplicaViews:  # checked when made (or a fleet's own): as it is
+        for view in replicas:
+            if view.draining:
+                return tuple([view for view in replicas if not view.draining])
         return replicas
     # The common case checked in one comprehension (a routing decision at 64 replicas
     # spends its budget of tens of microseconds here otherwise): a list or tuple of plain
@@ -221,16 +204,10 @@ class LeastRequestsRouter:
     reads_kv_usage: ClassVar[bool] = False
     """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
 
-    _kept: KeptColumns = field(init=False, factory=lambda: KeptColumns(LOADS), repr=False, eq=False)
-
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The least-loaded eligible replica, the first in the list on a tie."""
         eligible = eligible_replicas(request, replicas)
-        if not eligible:
-            return None
-        kept = self._kept.columns(eligible) if len(eligible) >= KEEP_FROM else None
-        loads = kept[0] if kept is not None else [r.running + r.waiting for r in eligible]
-        return eligible[loads.index(min(loads))].replica_id
+        return _least_requests(eligible).replica_id if eligible else None
 
 
 @frozen
@@ -240,21 +217,13 @@ class LeastKVRouter:
     reads_prefix_blocks: ClassVar[bool] = False
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
 
-    _kept: KeptColumns = field(
-        init=False, factory=lambda: KeptColumns(USAGE, LOADS), repr=False, eq=False
-    )
-
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica of least ``(kv_usage, outstanding)``, first on a tie."""
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        kept = self._kept.columns(eligible) if len(eligible) >= KEEP_FROM else None
-        usage = kept[0] if kept is not None else [r.kv_usage for r in eligible]
+        usage = [r.kv_usage for r in eligible]
         if usage.count(usage[0]) == len(usage):  # all alike (no KV signal): least requests
-            if kept is not None:
-                loads = kept[1]
-                return eligible[loads.index(min(loads))].replica_id
             return _least_requests(eligible).replica_id
         low = min(usage)
         ties = usage.count(low)
@@ -520,6 +489,12 @@ class WeightedRouter:
     def reads_kv_usage(self) -> bool:
         """Whether one of its scorers reads the views' KV memory (asked when built)."""
         return self._reads_kv
+
+    @property
+    def follows_changed_since(self) -> bool:
+        """Whether it follows views that say what changed (``changed_since``): with its
+        built-in scorers only (a fleet shows such views to a router that says so)."""
+        return self._fused is not None
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica maximising ``sum(weight * score)``, the first on a tie."""

@@ -153,13 +153,20 @@ _SAY_FROM = 16
 for less than following what changed costs."""
 
 
+def _follows_changes(router: object) -> bool:
+    """Whether ``router`` says it follows views that say what changed
+    (``follows_changed_since``, True: kvpolicy-admit's ``weighted``); to any other router
+    the fleet shows a plain :class:`ReplicaViews` (saying what changed costs an object
+    per decision, which only a router following it wins back)."""
+    return getattr(router, "follows_changed_since", False) is True
+
+
 class _Shown(ReplicaViews):
     """The candidates' views the fleet shows for one decision, saying which of them may
     differ from those of the decision before: ``changed_since`` is ``(the views shown
     before, positions)`` (None: not known), a superset of the positions whose view object
-    is another one. kvpolicy-admit's ``weighted`` router reads it to follow only those
-    views (it finds them by identity otherwise); any other router sees a
-    :class:`ReplicaViews`."""
+    is another one. Shown to a router that says it follows them (:func:`_follows_changes`:
+    kvpolicy-admit's ``weighted``, which finds them by identity otherwise)."""
 
     changed_since: tuple[ReplicaViews, tuple[int, ...]] | None
 
@@ -341,6 +348,7 @@ class Fleet:
         self.config = config
         self._router = router
         self._reads_prefix = router is not None and reads_prefix_blocks(router)
+        self._says = _follows_changes(router)
         self.follower = follower
         self.autoscaler = autoscaler
         self.pool_name = pool_name
@@ -428,6 +436,7 @@ class Fleet:
         # Whether it reads prefix blocks is asked once here, not at every decision.
         self._router = router
         self._reads_prefix = router is not None and reads_prefix_blocks(router)
+        self._says = _follows_changes(router)
 
     def routable(self, now: float | None = None) -> list[Backend]:
         """The backends that may take a new request now."""
@@ -504,7 +513,7 @@ class Fleet:
                     if i is not None:
                         views[i] = cands[i].indexed(views[i])
                         held.append(i)
-            if len(cands) < _SAY_FROM:
+            if len(cands) < _SAY_FROM or not self._says:
                 return ReplicaViews.trusted(views)
             shown = tuple.__new__(_Shown, views)  # (ReplicaViews.trusted, without a call)
             last, dirty = self._shown, self._dirty
