@@ -332,6 +332,87 @@ def test_routers_follow_an_evolving_fleet(seed: int) -> None:
         assert wn.route(request, shown) == weighted(request, views, plan)
 
 
+class _Said(ReplicaViews):
+    """Views that say what changed since the views shown before (``changed_since``), as
+    the gateway's fleet shows them."""
+
+    changed_since: tuple[Sequence[ReplicaView], tuple[int, ...]] | None
+
+
+def _saying(
+    steps: list[tuple[RoutingRequest, Sequence[ReplicaView]]], rng: random.Random
+) -> list[tuple[RoutingRequest, Sequence[ReplicaView]]]:
+    """``steps`` with each step's views saying which positions changed since the step
+    before's: a superset of them (some unchanged positions named too), or, now and then,
+    naming views that were not the ones shown before (to be ignored)."""
+    out: list[tuple[RoutingRequest, Sequence[ReplicaView]]] = []
+    last: Sequence[ReplicaView] | None = None
+    for request, shown in steps:
+        said = tuple.__new__(_Said, shown)
+        said.changed_since = None
+        if last is not None and len(last) == len(shown):
+            changed = {i for i in range(len(shown)) if shown[i] is not last[i]}
+            changed.update(rng.sample(range(len(shown)), min(2, len(shown))))
+            before = last if rng.random() < 0.9 else ReplicaViews(last)
+            said.changed_since = (before, tuple(sorted(changed)))
+        out.append((request, said))
+        last = said
+    return out
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_routers_follow_views_that_say_what_changed(seed: int) -> None:
+    """Views naming the positions that changed since the views before (the gateway's
+    fleet) are followed through those alone by ``weighted`` and ignored by the others,
+    every router deciding as its rule does; a hint naming other views than those last
+    shown is ignored."""
+    rng = random.Random(seed)
+    scorers = SCORERS[seed % len(SCORERS)]
+    lk, lr, pa, rr = LeastKVRouter(), LeastRequestsRouter(), PrefixAwareRouter(), RoundRobinRouter()
+    wd, wn = WeightedRouter(), WeightedRouter(scorers)
+    plan = [(name, w, DEFAULT_TIER_WEIGHTS) for name, w in scorers.items()]
+    llmd = [("prefix", 3.0, DEFAULT_TIER_WEIGHTS), ("queue", 2.0, {}), ("kv", 2.0, {})]
+    cursor = 0
+    for request, shown in _saying(_evolving(seed, 400), rng):
+        views = list(shown)
+        live = eligible(views)
+        assert lk.route(request, shown) == least_kv(views)
+        assert lr.route(request, shown) == least_requests(views)
+        assert pa.route(request, shown) == prefix_aware(request, views, DEFAULT_TIER_WEIGHTS)
+        assert wd.route(request, shown) == weighted(request, views, llmd)
+        assert wn.route(request, shown) == weighted(request, views, plan)
+        assert rr.route(request, shown) == (live[cursor % len(live)].replica_id if live else None)
+        cursor += 1 if live else 0
+
+
+def test_routers_follow_replicas_that_drain_and_come_back() -> None:
+    """Routers shown a fleet whose replicas drain and come back, a few views at a time,
+    the views saying what changed, decide as the rules do at every step (``weighted``
+    follows the live ones apart while some drain)."""
+    rng = random.Random(11)
+    views = [attrs.evolve(_view(rng, i), draining=False) for i in range(40)]
+    steps: list[tuple[RoutingRequest, Sequence[ReplicaView]]] = []
+    for k in range(300):
+        if k % 50 == 0:  # the drained come back
+            views = [attrs.evolve(v, draining=False) if v.draining else v for v in views]
+        for _ in range(rng.randrange(1, 3)):
+            i = rng.randrange(len(views))
+            views[i] = attrs.evolve(_view(rng, i), draining=rng.random() < 0.03)
+        if k % 50 == 49:
+            views = [attrs.evolve(v, draining=True) for v in views]  # every one drains
+        request = RoutingRequest(f"q{k}", 100, tuple(range(rng.randrange(0, 12))))
+        steps.append((request, ReplicaViews(views)))
+    router = WeightedRouter({"prefix": 1.0, "requests": 2.0, "kv": 0.5})
+    plan = [("prefix", 1.0, DEFAULT_TIER_WEIGHTS), ("requests", 2.0, {}), ("kv", 0.5, {})]
+    lr, pa = LeastRequestsRouter(), PrefixAwareRouter()
+    for request, shown in _saying(steps, rng):
+        views = list(shown)
+        assert router.route(request, shown) == weighted(request, views, plan)
+        assert lr.route(request, shown) == least_requests(views)
+        assert pa.route(request, shown) == prefix_aware(request, views, DEFAULT_TIER_WEIGHTS)
+    assert sum(not any(v.draining for v in shown) for _, shown in steps) > 100
+
+
 def _nan_usage(view: ReplicaView) -> ReplicaView:
     """``view`` with a NaN KV usage, as only a view built unchecked can hold."""
     out = attrs.evolve(view)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 
@@ -104,6 +105,66 @@ class TestFleet:
         ]
         fleet.prefix.remove(first.id, h[1:])  # the index is shown live, not copied
         assert set(views[fleet.backends.index(first)].resident("gpu")) == {h[0]}
+
+    def test_views_say_what_changed_since_the_last_shown(self) -> None:
+        """To a router that follows them, each decision's views over 16 backends or more
+        name the views shown before and a superset of the positions whose view is another
+        one since (counts, prefix holders, a refresh); after the candidates change they
+        name nothing; over fewer backends, or to another router, they say nothing."""
+
+        class Keeping(Fewest):
+            follows_changed_since = True
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.shown: list[tuple[Sequence[ReplicaView], object]] = []
+
+            def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
+                # (the hint as the router sees it: the fleet drops it once views go on)
+                self.shown.append((replicas, getattr(replicas, "changed_since", "absent")))
+                return super().route(request, replicas)
+
+        small = Keeping()
+        _fleet(small)[0].pick("r", 10)
+        assert small.shown[-1][1] == "absent"
+        specs = [BackendSpec(f"http://h{i}:1") for i in range(20)]
+        config = RoutingConfig(health=HealthConfig(interval_s=0.0))
+
+        class NotFollowing(Keeping):
+            follows_changed_since = False
+
+        plain = NotFollowing()
+        Fleet(specs, config, plain, CollectorRegistry()).pick("r", 10)
+        assert plain.shown[-1][1] == "absent"
+        router = Keeping()
+        fleet = Fleet(specs, config, router, CollectorRegistry())
+        h = text_block_hashes("shared system prompt " * 20, 64)
+        held = []
+        for i in range(30):
+            hashes = h if i % 3 else ()
+            b = fleet.pick(f"r{i}", 10, hashes)
+            assert b is not None
+            fleet.begin(b, 10, hashes)
+            held.append(b)
+            if i % 4 == 3:
+                fleet.end(held.pop(0), 10)
+            if i == 10:  # a scrape, then its age shown again by a refresh
+                scraped = fleet.backends[3]
+                scraped.scraped = ScrapedMetrics(5, 2, 0.25, 1000, 16)
+                scraped.scraped_at = time.monotonic() - 5.0
+                asyncio.run(fleet.refresh())
+            if i == 20:
+                fleet.drain(fleet.backends[0].id)
+        for k in range(1, len(router.shown)):
+            (now, said), (before, _) = router.shown[k], router.shown[k - 1]
+            if len(now) != len(before):  # the candidates changed (the drain)
+                assert said is None
+                continue
+            assert isinstance(said, tuple)
+            assert said[0] is before
+            moved = {i for i in range(len(now)) if now[i] is not before[i]}
+            assert moved <= set(said[1])
+        assert sum(len(v) == 20 for v, _ in router.shown) > 15
 
     def test_ejected_and_draining_backends_get_nothing(self) -> None:
         """An ejected or draining backend is no candidate; the pool's rates follow the

@@ -1,4 +1,4 @@
-"""A weighted router's totals for its built-in scorers, without asking them one by one.
+"""A weighted router's totals for its built-in scorers, kept from one decision to the next.
 
 :class:`FusedTotals` gives, bit for bit, what summing each scorer's ``weight * score`` in
 the scorers' order gives for kvpolicy-admit's own scorers (``kv``: ``1 - kv_usage``;
@@ -9,72 +9,160 @@ the scorers' order gives for kvpolicy-admit's own scorers (``kv``: ``1 - kv_usag
   the product its ``score`` gives, added to the running total in the scorers' order;
 * a prefix score is 0 on a replica reporting no blocks, and adding ``weight * 0.0`` to a
   sum of non-negative terms changes nothing, so the load totals leave the prefix terms
-  out, and the replicas with blocks have theirs summed again with every term;
-* the load totals depend on a view's own values and, for a min-max scorer, on the
-  column's maximum and span: they are kept with the views (:class:`ViewMemo`), with the
-  columns' bounds and the positions of the replicas reporting blocks, and while the
-  maxima and spans stay the same only the totals of the views that changed are summed
-  again (the bounds read afresh only when a changed view held one);
-* the first of the highest load totals is the top of a heap of ``(-total, position)``
-  (an entry whose total changed since is stale and skipped), so beyond finding the
-  changed views (one pass in C) a decision costs what they and the replicas holding the
-  prompt cost, not passes of arithmetic over the fleet;
-  where most views changed the totals are summed and searched as a list, and the heap is
-  made when the next views differ in a few places.
+  out, and the replicas reporting blocks have theirs summed again with every term;
+* a fleet shows its router the same view objects decision after decision, rebuilding only
+  the views of the replicas whose state changed (the gateway's fleet, the simulator's), so
+  the load totals are kept with the views last shown, with the min-max columns' values and
+  bounds and the positions of the replicas reporting blocks; shown new views, only the
+  positions whose view object is another one are read again (found by identity, in C, or
+  named by the fleet: :data:`CHANGES`), and while the columns' maxima and spans stay the
+  same only their totals are summed again;
+* the first of the highest load totals among the replicas reporting no blocks is the top
+  of a heap of ``(-total, position)`` (an entry whose total changed since, or whose
+  replica now reports blocks, is stale and dropped when it reaches the top), so a decision
+  costs what the changed views and the replicas holding the prompt cost, not passes of
+  arithmetic over the fleet; where most views changed the totals are summed and searched
+  as a list, and the heap is made when the next views differ in a few places.
+
+The kept state is changed in place under a lock; a decision that finds the lock held (a
+router shared between threads) decides from its views alone, and one that fails drops
+the state, so the next decision reads every view again.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from heapq import heapify, heappop, heappush
 from itertools import compress
-from typing import Any
+from operator import is_not
 
-from kvpolicy.admit._columns import BLOCKS, LOADS, USAGE, WAITING, Column, ViewMemo
 from kvpolicy.admit._prefix import TierCredit
 from kvpolicy.kvmodel import ReplicaView
 
-__all__ = ["FusedTotals", "Term"]
+__all__ = ["CHANGES", "FusedTotals", "Term"]
 
 Term = tuple[str, float, TierCredit | None]
 """One scorer: its kind (``kv``, ``prefix``, ``queue``, ``requests``), its weight, and the
 :class:`TierCredit` of a prefix scorer."""
 
-_Step = tuple[str, float, TierCredit | None, int, int]
+_KV, _QUEUE, _REQUESTS, _PREFIX, _CONST = 0, 1, 2, 3, 4
+_KINDS = {"kv": _KV, "queue": _QUEUE, "requests": _REQUESTS, "prefix": _PREFIX}
 
-_COLUMN = {"queue": WAITING, "requests": LOADS, "kv": USAGE}
+_Step = tuple[int, float, TierCredit | None, int]
+"""A scorer as (kind, weight, its TierCredit or None, the position of its min-max column
+among the min-max scorers' or -1)."""
+
+_Term = tuple[int, float, int, int, TierCredit | None]
+"""A scorer's term under the min-max columns' spans: (kind, weight, the column's max, its
+span, the TierCredit of a prefix scorer); a min-max scorer over equal values is the
+constant kind, its weight ``weight * 1.0``."""
+_Plan = tuple[float | None, tuple[_Term, ...]]
+"""A total's terms: the sum of its leading constant terms (added in order; None: none), and
+the terms after them, added to it in order."""
+
+CHANGES = "changed_since"
+"""The optional attribute of a views sequence naming what changed since the views a fleet
+showed before: ``(the views shown before, positions)``, the positions a superset of those
+whose view object is another one. Taken as it is when the views named are the ones last
+shown (it then costs nothing); otherwise the views are compared by identity (a view is
+frozen, and the router holds the old ones, so an id is never reused while compared), one
+pass in C."""
 
 
-def _heap(totals: list[float]) -> list[tuple[float, int]]:
-    """``(-total, position)`` of each total, a heap: its top is the first of the highest."""
-    heap = [(-t, i) for i, t in enumerate(totals)]
+def _folded(terms: Sequence[_Term]) -> _Plan:
+    """``terms`` as a plan: the leading constants summed in order (the same additions a
+    total makes first), the rest as they are."""
+    start: float | None = None
+    k = 0
+    while k < len(terms) and terms[k][0] == _CONST:
+        w = terms[k][1]
+        start = w if start is None else start + w
+        k += 1
+    return start, tuple(terms[k:])
+
+
+def _total(r: ReplicaView, plan: _Plan, hashes: tuple[int, ...]) -> float:
+    """Replica ``r``'s total under ``plan``: its terms in the scorers' order, a prefix term
+    matched on the replica's blocks."""
+    t, terms = plan
+    for kind, w, high, span, credit in terms:
+        if kind == _KV:
+            term = w * (1.0 - r.kv_usage)
+        elif kind == _PREFIX:
+            assert credit is not None
+            term = w * credit.match(hashes, r.prefix_blocks)
+        elif kind == _QUEUE:
+            term = w * ((high - r.waiting) / span)
+        elif kind == _REQUESTS:
+            term = w * ((high - (r.running + r.waiting)) / span)
+        else:
+            term = w
+        t = term if t is None else t + term
+    return 0.0 if t is None else t
+
+
+def _heap(totals: list[float], held: set[int]) -> list[tuple[float, int]]:
+    """``(-total, position)`` of each total of a replica not in ``held``, a heap: its top
+    is the first of the highest."""
+    if held:
+        heap = [(-t, i) for i, t in enumerate(totals) if i not in held]
+    else:
+        heap = [(-t, i) for i, t in enumerate(totals)]
     heapify(heap)
     return heap
 
 
-class _Kept:
-    """What a fused router keeps with the views last shown (never changed once kept)."""
+class _State:
+    """What a fused router keeps with the views last shown."""
 
-    __slots__ = ("bounds", "cols", "heap", "held", "nan", "spans", "totals")
+    __slots__ = (
+        "bounds",
+        "drained",
+        "heap",
+        "held",
+        "load",
+        "nan",
+        "plan",
+        "spans",
+        "totals",
+        "values",
+        "views",
+    )
 
     def __init__(
         self,
-        bounds: tuple[tuple[int, int], ...],
+        views: Sequence[ReplicaView],
+        values: list[list[int]],
+        bounds: list[tuple[int, int]],
         spans: tuple[tuple[int, int], ...],
+        plans: tuple[_Plan, _Plan],
         totals: list[float],
-        heap: list[tuple[float, int]] | None,
-        held: tuple[int, ...],
-        nan: bool,
-        cols: tuple[list[Any], ...] = (),
+        held: set[int],
+        drained: set[int],
     ) -> None:
+        self.views = views
+        """The views last shown (held: their ids are not reused while compared)."""
+        self.values = values
+        """Each min-max scorer's column."""
         self.bounds = bounds
+        """Each min-max column's ``(min, max)``."""
         self.spans = spans
+        """Each min-max column's ``(max, max - min)``."""
+        self.plan, self.load = plans
+        """Every scorer's terms under ``spans``, and the load scorers' only
+        (:meth:`FusedTotals._plans`)."""
         self.totals = totals
-        self.heap = heap
+        """Each replica's load total (the prefix terms left out)."""
         self.held = held
-        self.nan = nan
-        self.cols = cols
+        """The positions of the replicas reporting prefix blocks."""
+        self.drained = drained
+        """The positions of the draining replicas."""
+        self.nan = math.isnan(sum(totals))
+        """Whether a total is NaN (a view built unchecked): then no heap orders them."""
+        self.heap: list[tuple[float, int]] | None = None
+        """``(-total, position)`` of the replicas not in ``held`` (None: not made)."""
 
 
 class FusedTotals:
@@ -84,153 +172,243 @@ class FusedTotals:
         terms: the scorers, in order.
     """
 
-    __slots__ = ("_kinds", "_load", "_memo", "_minmax", "_prefix", "_steps")
+    __slots__ = ("_live", "_load", "_lock", "_minmax", "_prefix", "_state", "_steps", "_terms")
 
     def __init__(self, terms: Sequence[Term]) -> None:
         """See the class docstring."""
-        for kind, _, credit in terms:
-            if kind not in ("prefix", *_COLUMN):
+        self._terms = tuple(terms)
+        steps: list[_Step] = []
+        minmax: list[int] = []
+        for kind, w, credit in terms:
+            if kind not in _KINDS:
                 raise ValueError(f"unknown scorer kind {kind!r}")
             if (kind == "prefix") != (credit is not None):
                 raise ValueError(f"a prefix scorer, and only one, has a TierCredit: {kind!r}")
-        self._prefix = any(kind == "prefix" for kind, _, _ in terms)
-        kinds: list[Column] = [BLOCKS] if self._prefix else []
-        for kind, _, _ in terms:
-            if kind != "prefix" and _COLUMN[kind] not in kinds:
-                kinds.append(_COLUMN[kind])
-        self._kinds = tuple(kinds)
-        # Each scorer as (kind, weight, its TierCredit, the position of its column, the
-        # position of its (max, span) among the min-max scorers'), -1 where it has none.
-        steps: list[_Step] = []
-        spans = 0
-        for kind, w, credit in terms:
-            pos = kinds.index(_COLUMN[kind]) if kind != "prefix" else -1
-            si = spans if kind in ("queue", "requests") else -1
-            spans += si >= 0
-            steps.append((kind, w, credit, pos, si))
+            code = _KINDS[kind]
+            si = -1
+            if code in (_QUEUE, _REQUESTS):
+                si = len(minmax)
+                minmax.append(code)
+            steps.append((code, w, credit, si))
         self._steps = tuple(steps)
-        self._load = tuple(step for step in steps if step[0] != "prefix")
-        self._minmax = tuple(step for step in steps if step[4] >= 0)
-        self._memo = ViewMemo()
+        self._load = tuple(step for step in steps if step[0] != _PREFIX)
+        self._minmax = tuple(minmax)
+        self._prefix = any(step[0] == _PREFIX for step in steps)
+        self._state: _State | None = None
+        self._lock = threading.Lock()
+        self._live: FusedTotals | None = None  # decides among the live views while some drain
 
     def best(self, hashes: tuple[int, ...], views: Sequence[ReplicaView]) -> int:
-        """The position among ``views`` (a tuple, non-empty) of the first of the highest
-        totals for a prompt of ``hashes``; a NaN total (a view built unchecked) orders as
-        ``(total, -position)`` does."""
-        cols, changed, kept = self._memo.columns(views, self._kinds)
-        n = len(views)
-        last = kept if changed is not None and isinstance(kept, _Kept) else None
-        bounds = self._bounds(cols, changed, last)
-        spans = tuple([(high, high - low) for low, high in bounds])
-        if last is not None and last.spans == spans:
-            totals = last.totals
-            heap = last.heap
-            held = last.held
-            nan = last.nan
-            if changed:
-                totals = totals.copy()
-                # The last heap, copied, takes the changed totals (a NaN orders nothing, nor
-                # a heap made with one: then, or without a heap, one is made afresh).
-                grown = None if heap is None or last.nan else heap.copy()
-                for i in changed:
-                    t = self._total(cols, i, spans)
-                    if t != totals[i]:  # (the heap holds a valid entry of every position)
-                        totals[i] = t
-                        if grown is not None:
-                            heappush(grown, (-t, i))
-                        nan = nan or t != t
-                if nan:
-                    nan = math.isnan(sum(totals))
-                if grown is None or len(grown) > 2 * n:
-                    grown = _heap(totals)
-                while not nan and totals[grown[0][1]] != -grown[0][0]:  # stale: changed since
-                    heappop(grown)
-                heap = grown
-                if self._prefix:
-                    blocks = cols[0]
-                    now = set(held)
-                    for i in changed:
-                        if blocks[i]:
-                            now.add(i)
-                        else:
-                            now.discard(i)
-                    held = tuple(sorted(now))
-        else:
-            totals = self._load_totals(cols, spans, n)
-            heap = None  # made when the next views differ in a few places
-            nan = math.isnan(sum(totals))
-            held = tuple(compress(range(n), cols[0])) if self._prefix else ()
-        self._memo.keep(views, cols, _Kept(bounds, spans, totals, heap, held, nan, cols))
-        if not (self._prefix and hashes):
-            held = ()
-        if nan or heap is None:  # every total at once
-            out = totals.copy() if held else totals
-            for i in held:
-                out[i] = self._total(cols, i, spans, hashes, views[i])
-            if nan:  # the general rule
-                return max(range(n), key=lambda i: (out[i], -i))
-            return out.index(max(out))  # the first of the highest
-        # The kept heap's top is valid (the first of the highest load totals): the answer
-        # unless replicas report blocks. Then the first of the highest not among them (a
-        # copy of the heap popped down to it), against their own totals.
-        if not held:
-            return heap[0][1]
-        best_total, best = -math.inf, n
-        if heap[0][1] in held:
-            heap = heap.copy()
+        """The position among ``views`` (a tuple of views checked as a router checks them)
+        of the first of the highest totals among the replicas not draining, for a prompt
+        of ``hashes`` (-1: every replica drains); a NaN total (a view built unchecked)
+        orders as ``(total, -position)`` does."""
+        lock = self._lock
+        if not lock.acquire(blocking=False):  # another thread is deciding
+            return self._pick(self._fresh(views), hashes, views)
+        try:
+            state = self._state
+            if state is None or len(state.views) != len(views):
+                state = self._state = self._fresh(views)
+            elif state.views is not views:
+                last = state.views
+                said = getattr(views, CHANGES, None)
+                if said is not None and said[0] is last:
+                    changed = said[1]
+                else:  # by identity, one pass in C
+                    changed = list(compress(range(len(views)), map(is_not, last, views)))
+                if len(changed) * 4 > len(views):
+                    state = self._state = self._fresh(views)
+                else:
+                    state.views = views
+                    if changed:
+                        self._update(state, views, changed)
+            if state.drained:
+                return self._pick(state, hashes, views)
+            heap = state.heap
+            if heap is None or state.nan:
+                return self._decide(state, hashes, views)
+            # The heap's top, once stale entries are dropped, is the first of the highest
+            # load totals of the replicas reporting no blocks; those reporting some compete
+            # with their own totals.
+            totals, held = state.totals, state.held
             while heap:
-                neg, i = heappop(heap)
+                neg, i = heap[0]
                 if totals[i] == -neg and i not in held:
-                    best_total, best = -neg, i
                     break
-        else:
-            best_total, best = -heap[0][0], heap[0][1]
-        for i in held:
-            t = self._total(cols, i, spans, hashes, views[i])
-            if t > best_total or (t == best_total and i < best):
-                best_total, best = t, i
-        return best
+                heappop(heap)
+            best_total, best = (-heap[0][0], heap[0][1]) if heap else (-math.inf, len(views))
+            for i in held:
+                t = _total(views[i], state.plan, hashes) if hashes else totals[i]
+                if t > best_total or (t == best_total and i < best):
+                    best_total, best = t, i
+            return best
+        except BaseException:
+            self._state = None  # half updated: read every view again next time
+            raise
+        finally:
+            lock.release()
 
-    def _bounds(
-        self, cols: tuple[list[Any], ...], changed: list[int] | None, last: _Kept | None
-    ) -> tuple[tuple[int, int], ...]:
-        """``(min, max)`` of each min-max scorer's column: from the last ones where the
-        changed values leave them standing, afresh otherwise."""
-        out = []
-        for k, (_, _, _, pos, _) in enumerate(self._minmax):
-            col = cols[pos]
-            if last is None or changed is None:
-                out.append((min(col), max(col)))
-                continue
-            low, high = last.bounds[k]
-            old = last.cols[pos]
+    def _pick(self, state: _State, hashes: tuple[int, ...], views: Sequence[ReplicaView]) -> int:
+        """:meth:`best` from ``state`` (``views``'s): among the live views while some drain
+        (as a tuple of their own, whose positions another :class:`FusedTotals` follows)."""
+        drained = state.drained
+        if not drained:
+            return self._decide(state, hashes, views)
+        live = [i for i in range(len(views)) if i not in drained]
+        if not live:
+            return -1
+        among = self._live
+        if among is None:
+            among = self._live = FusedTotals(self._terms)
+        return live[among.best(hashes, tuple([views[i] for i in live]))]
+
+    def _plans(self, spans: tuple[tuple[int, int], ...]) -> tuple[_Plan, _Plan]:
+        """Every scorer's terms under ``spans`` (a min-max scorer over equal values is the
+        constant ``weight * 1.0``), and the load scorers' alone."""
+        terms: list[_Term] = []
+        for code, weight, credit, si in self._steps:
+            if si >= 0:
+                high, span = spans[si]
+                if span:
+                    terms.append((code, weight, high, span, None))
+                else:
+                    terms.append((_CONST, weight * 1.0, 0, 0, None))
+            else:
+                terms.append((code, weight, 0, 0, credit))
+        return _folded(terms), _folded([t for t in terms if t[0] != _PREFIX])
+
+    def _fresh(self, views: Sequence[ReplicaView]) -> _State:
+        """The state of ``views`` read afresh (no heap: made once views change in a few
+        places)."""
+        values = [
+            [r.waiting for r in views] if code == _QUEUE else [r.running + r.waiting for r in views]
+            for code in self._minmax
+        ]
+        bounds = [(min(col), max(col)) for col in values]
+        spans = tuple([(high, high - low) for low, high in bounds])
+        held: set[int] = set()
+        if self._prefix:
+            held = set(compress(range(len(views)), [r.prefix_blocks for r in views]))
+        drained = set(compress(range(len(views)), [r.draining for r in views]))
+        totals = self._load_totals(views, values, spans)
+        return _State(views, values, bounds, spans, self._plans(spans), totals, held, drained)
+
+    def _update(self, state: _State, views: Sequence[ReplicaView], changed: Sequence[int]) -> None:
+        """Bring ``state`` to ``views``, whose positions ``changed`` (some) hold other
+        views."""
+        drained = state.drained
+        spans = state.spans
+        rebound = False
+        for k, code in enumerate(self._minmax):
+            col = state.values[k]
+            low, high = state.bounds[k]
+            again = False
             for i in changed:
-                was, now = old[i], col[i]
-                if (was == low and now > was) or (was == high and now < was):
-                    low, high = min(col), max(col)  # an extreme left: read them all
-                    break
-                low = min(low, now)
-                high = max(high, now)
-            out.append((low, high))
-        return tuple(out)
+                r = views[i]
+                now = r.waiting if code == _QUEUE else r.running + r.waiting
+                was = col[i]
+                if now != was:
+                    col[i] = now
+                    if (was == low and now > was) or (was == high and now < was):
+                        again = True  # an extreme left: read them all
+                    elif now < low:
+                        low = now
+                    elif now > high:
+                        high = now
+            if again:
+                low, high = min(col), max(col)
+            if (low, high) != state.bounds[k]:
+                state.bounds[k] = (low, high)
+                rebound = True
+        if rebound:
+            spans = tuple([(high, high - low) for low, high in state.bounds])
+        held, prefix = state.held, self._prefix
+        if spans != state.spans:  # every total moves: summed again, the heap made again
+            state.spans = spans
+            state.plan, state.load = self._plans(spans)
+            for i in changed:
+                r = views[i]
+                if r.draining:
+                    drained.add(i)
+                elif drained:
+                    drained.discard(i)
+                if prefix:
+                    if r.prefix_blocks:
+                        held.add(i)
+                    else:
+                        held.discard(i)
+            state.totals = self._load_totals(views, state.values, spans)
+            state.nan = math.isnan(sum(state.totals))
+            state.heap = None if state.nan else _heap(state.totals, held)
+            return
+        totals, heap, load = state.totals, state.heap, state.load
+        nan = state.nan
+        if nan:
+            heap = None
+        for i in changed:
+            r = views[i]
+            if r.draining:
+                drained.add(i)
+            elif drained:
+                drained.discard(i)
+            t = _total(r, load, ())  # the load total: the prefix terms left out
+            back = False  # whether it stopped reporting blocks
+            if prefix:
+                if r.prefix_blocks:
+                    held.add(i)
+                elif i in held:
+                    held.discard(i)
+                    back = True
+            if t != totals[i]:
+                totals[i] = t
+                if t != t:
+                    nan = True
+                    heap = None
+                elif heap is not None and i not in held:
+                    heappush(heap, (-t, i))
+            elif back and heap is not None:
+                heappush(heap, (-t, i))
+        if nan:
+            nan = math.isnan(sum(totals))
+        if not nan and (heap is None or len(heap) > 2 * len(views) + 8):
+            heap = _heap(totals, held)
+        state.nan, state.heap = nan, heap
+
+    def _decide(self, state: _State, hashes: tuple[int, ...], views: Sequence[ReplicaView]) -> int:
+        """The first of the highest totals of ``state`` (``views``'s, none draining) for
+        ``hashes``, every total at once (no heap, or a NaN total)."""
+        totals, held = state.totals, state.held
+        out = totals
+        if held and hashes:
+            out = totals.copy()
+            for i in held:
+                out[i] = _total(views[i], state.plan, hashes)
+        if state.nan:  # the general rule
+            return max(range(len(out)), key=lambda i: (out[i], -i))
+        return out.index(max(out))  # the first of the highest
 
     def _load_totals(
-        self, cols: tuple[list[Any], ...], spans: tuple[tuple[int, int], ...], n: int
+        self,
+        views: Sequence[ReplicaView],
+        values: list[list[int]],
+        spans: tuple[tuple[int, int], ...],
     ) -> list[float]:
         """Every replica's load total, a column at a time (a column of equal values is one
         product, added to each total)."""
         totals: list[float] | None = None
         base: float | None = None  # every total while each column so far held equal values
-        for kind, weight, _, pos, si in self._load:
-            col = cols[pos]
-            if kind == "kv":
+        for code, weight, _, si in self._load:
+            if code == _KV:
+                usage = [r.kv_usage for r in views]
                 if totals is not None:
-                    totals = [t + weight * (1.0 - u) for t, u in zip(totals, col, strict=True)]
+                    totals = [t + weight * (1.0 - u) for t, u in zip(totals, usage, strict=True)]
                 elif base is not None:
-                    totals = [base + weight * (1.0 - u) for u in col]
+                    totals = [base + weight * (1.0 - u) for u in usage]
                 else:
-                    totals = [weight * (1.0 - u) for u in col]
+                    totals = [weight * (1.0 - u) for u in usage]
                 continue
+            col = values[si]
             high, span = spans[si]
             if not span:  # all equal: 1 for every replica
                 term = weight * 1.0
@@ -247,30 +425,5 @@ class FusedTotals:
             else:
                 totals = [weight * ((high - v) / span) for v in col]
         if totals is None:
-            return [0.0 if base is None else base] * n
+            return [0.0 if base is None else base] * len(views)
         return totals
-
-    def _total(
-        self,
-        cols: tuple[list[Any], ...],
-        i: int,
-        spans: tuple[tuple[int, int], ...],
-        hashes: tuple[int, ...] = (),
-        view: ReplicaView | None = None,
-    ) -> float:
-        """Replica ``i``'s total: its terms added in the scorers' order, the prefix terms
-        with ``view`` (a replica reporting blocks), left out without (0 there)."""
-        total: float | None = None
-        for kind, weight, credit, pos, si in self._steps:
-            if kind == "prefix":
-                if view is None:
-                    continue
-                assert credit is not None
-                term = weight * credit.match(hashes, view.prefix_blocks)
-            elif kind == "kv":
-                term = weight * (1.0 - cols[pos][i])
-            else:
-                high, span = spans[si]
-                term = weight * 1.0 if not span else weight * ((high - cols[pos][i]) / span)
-            total = term if total is None else total + term
-        return 0.0 if total is None else total

@@ -490,13 +490,26 @@ class WeightedRouter:
         """Whether one of its scorers reads the views' KV memory (asked when built)."""
         return self._reads_kv
 
+    @property
+    def follows_changed_since(self) -> bool:
+        """Whether it follows views that say what changed (``changed_since``): with its
+        built-in scorers only (a fleet shows such views to a router that says so)."""
+        return self._fused is not None
+
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """The eligible replica maximising ``sum(weight * score)``, the first on a tie."""
+        fused = self._fused
+        if fused is not None and isinstance(replicas, ReplicaViews) and replicas:
+            # Checked when made: the fused totals follow its draining replicas themselves.
+            if not isinstance(request, RoutingRequest):
+                raise TypeError(f"'request' must be a RoutingRequest: {request!r}")
+            best = fused.best(request.block_hashes, replicas)
+            return replicas[best].replica_id if best >= 0 else None
         eligible = eligible_replicas(request, replicas)
         if not eligible:
             return None
-        if self._fused is not None:
-            return eligible[self._fused.best(request.block_hashes, eligible)].replica_id
+        if fused is not None:
+            return eligible[fused.best(request.block_hashes, eligible)].replica_id
         totals = self._totals(request, eligible)
         if math.isnan(sum(totals)):  # a NaN score: the general rule orders it as before
             best = max(range(len(eligible)), key=lambda i: (totals[i], -i))

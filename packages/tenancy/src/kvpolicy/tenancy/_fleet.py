@@ -148,6 +148,29 @@ def _request_of(
     return new
 
 
+_SAY_FROM = 16
+"""The fewest candidates whose views say what changed: below, a router reads a few views
+for less than following what changed costs."""
+
+
+def _follows_changes(router: object) -> bool:
+    """Whether ``router`` says it follows views that say what changed
+    (``follows_changed_since``, True: kvpolicy-admit's ``weighted``); to any other router
+    the fleet shows a plain :class:`ReplicaViews` (saying what changed costs an object
+    per decision, which only a router following it wins back)."""
+    return getattr(router, "follows_changed_since", False) is True
+
+
+class _Shown(ReplicaViews):
+    """The candidates' views the fleet shows for one decision, saying which of them may
+    differ from those of the decision before: ``changed_since`` is ``(the views shown
+    before, positions)`` (None: not known), a superset of the positions whose view object
+    is another one. Shown to a router that says it follows them (:func:`_follows_changes`:
+    kvpolicy-admit's ``weighted``, which finds them by identity otherwise)."""
+
+    changed_since: tuple[ReplicaViews, tuple[int, ...]] | None
+
+
 def with_blocks(view: ReplicaView, blocks: Set[int]) -> ReplicaView:
     """``view`` holding ``blocks`` (the prefix blocks it holds) in its GPU tier."""
     return _view_of([get(view) for get in _VIEW_GET], (("gpu", blocks),))
@@ -323,7 +346,9 @@ class Fleet:
         if router is None and len(specs) > 1:
             raise ValueError(f"'router' is required with {len(specs)} backends: None")
         self.config = config
-        self.router = router
+        self._router = router
+        self._reads_prefix = router is not None and reads_prefix_blocks(router)
+        self._says = _follows_changes(router)
         self.follower = follower
         self.autoscaler = autoscaler
         self.pool_name = pool_name
@@ -341,6 +366,13 @@ class Fleet:
         self._view_cache = {b: b._base(now, config) for b in self.backends}
         self._cand_views = [self._view_cache[b] for b in self._cands]
         """The candidates' views in their order, each replaced as it changes."""
+        self._shown: _Shown | None = None
+        """The candidates' views last shown to the router (None: none since the candidates
+        changed)."""
+        self._shown_holders: list[int] = []
+        """The positions shown with their prefix index in :attr:`_shown`."""
+        self._dirty: set[int] = set()
+        """The candidates' positions whose view was replaced since :attr:`_shown`."""
         self._recheck_at = float("inf")  # when an ejection's backoff ends (passive only)
         self._t0 = time.monotonic()
         self._tasks: list[asyncio.Task[None]] = []
@@ -394,6 +426,18 @@ class Fleet:
 
     # -- routing -------------------------------------------------------------------------
 
+    @property
+    def router(self) -> Router | None:
+        """Picks a backend for each request (None with a single backend)."""
+        return self._router
+
+    @router.setter
+    def router(self, router: Router | None) -> None:
+        # Whether it reads prefix blocks is asked once here, not at every decision.
+        self._router = router
+        self._reads_prefix = router is not None and reads_prefix_blocks(router)
+        self._says = _follows_changes(router)
+
     def routable(self, now: float | None = None) -> list[Backend]:
         """The backends that may take a new request now."""
         now = time.monotonic() if now is None else now
@@ -424,15 +468,12 @@ class Fleet:
             if len(self.backends) == 1 and exclude is None and not only.health.draining:
                 return only  # nothing else to try: a lone backend is never ejected
             return None
-        if len(cands) == 1 or self.router is None:
+        router = self._router
+        if len(cands) == 1 or router is None:
             return cands[0]
         # A router that never reads prefix blocks (``reads_prefix_blocks = False``) is
         # shown none: finding the holders would be work for nothing.
-        holders = (
-            self.prefix.holders(hashes[0])
-            if hashes and reads_prefix_blocks(self.router)
-            else _NOBODY
-        )
+        holders = self.prefix.holders(hashes[0]) if hashes and self._reads_prefix else _NOBODY
         views = self._views(now, cands, holders)
         try:
             request = _request_of(
@@ -441,15 +482,15 @@ class Fleet:
                 hashes if type(hashes) is tuple else tuple(hashes),
                 label or "default",
             )
-            rid = self.router.route(request, views)
+            rid = router.route(request, views)
         except Exception:
             _log.exception(
-                "router %s failed: least in-flight backend instead", type(self.router).__name__
+                "router %s failed: least in-flight backend instead", type(router).__name__
             )
             rid = None
         chosen = self._by_id.get(rid) if rid is not None else None
         if chosen is None or (
-            chosen.id not in self._cand_pos if cands is self._cands else chosen not in cands
+            rid not in self._cand_pos if cands is self._cands else chosen not in cands
         ):
             if rid is not None:
                 _log.warning("router answered %r, not a candidate: least in-flight instead", rid)
@@ -462,15 +503,30 @@ class Fleet:
         index. The fleet built each (one per backend, whose URLs are unique), so they go
         to the router as a :class:`ReplicaViews` it need not check again."""
         if cands is self._cands:
-            if not holders:
-                return ReplicaViews.trusted(self._cand_views)
-            views = self._cand_views.copy()
-            pos = self._cand_pos
-            for url in holders:
-                i = pos.get(url)
-                if i is not None:
-                    views[i] = cands[i].indexed(views[i])
-            return ReplicaViews.trusted(views)
+            views = self._cand_views
+            held: list[int] = []
+            if holders:
+                views = views.copy()
+                pos = self._cand_pos
+                for url in holders:
+                    i = pos.get(url)
+                    if i is not None:
+                        views[i] = cands[i].indexed(views[i])
+                        held.append(i)
+            if len(cands) < _SAY_FROM or not self._says:
+                return ReplicaViews.trusted(views)
+            shown = tuple.__new__(_Shown, views)  # (ReplicaViews.trusted, without a call)
+            last, dirty = self._shown, self._dirty
+            if last is None:
+                shown.changed_since = None
+            else:
+                last.changed_since = None  # (a chain of views shown would be kept alive)
+                dirty.update(self._shown_holders)
+                dirty.update(held)
+                shown.changed_since = (last, tuple(dirty))
+                dirty.clear()
+            self._shown, self._shown_holders = shown, held
+            return shown
         cache = self._view_cache
         return ReplicaViews.trusted(
             [b.indexed(cache[b]) if b.id in holders else cache[b] for b in cands]
@@ -491,6 +547,7 @@ class Fleet:
         i = self._cand_pos.get(backend.id)
         if i is not None:
             self._cand_views[i] = view
+            self._dirty.add(i)
 
     def _touch(self, backend: Backend) -> None:
         """What ``backend``'s view shows changed (its counts, scrape or draining): its view
@@ -498,11 +555,11 @@ class Fleet:
         (without a router no decision reads it: :meth:`Backend.view` rebuilds it when
         asked)."""
         backend.version += 1
-        if self.router is None:
+        if self._router is None:
             return
         view = backend._base(time.monotonic(), self.config)
         self._set_view(backend, view)
-        if len(backend.index) and reads_prefix_blocks(self.router):
+        if self._reads_prefix and len(backend.index):
             backend.indexed(view)  # when it holds a prompt's first block, it is shown so
 
     def hashes(self, doc: Mapping[str, Any] | None, chat: bool) -> tuple[int, ...]:
@@ -575,6 +632,8 @@ class Fleet:
         self._cands = [b for b in self.backends if b.health.routable(now, self._active)]
         self._cand_pos = {b.id: i for i, b in enumerate(self._cands)}
         self._cand_views = [self._view_cache[b] for b in self._cands]
+        self._shown, self._shown_holders = None, []
+        self._dirty.clear()
         ends = [b.health.ejected_until for b in self.backends if b.health.ejected]
         self._recheck_at = min(ends) if ends and not self._active else float("inf")
 
