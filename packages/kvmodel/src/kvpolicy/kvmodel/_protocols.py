@@ -266,6 +266,13 @@ class Router(Protocol):
     read it with :func:`reads_prefix_blocks`): a caller may then show it views without
     their prefix blocks and spare the work of finding them. Its choices must not depend
     on them.
+
+    A router that keeps state between decisions may ask, with ``follows_changed_since =
+    True`` (optional likewise), to be shown which views changed: a caller may then pass a
+    sequence of views carrying ``changed_since = (the views shown before, positions
+    rebuilt since)`` (kvpolicy-tenancy's gateway fleet does, over 16 replicas or more).
+    It is a hint: the router's choice must equal what it would pick from the views alone,
+    and a router must ignore a hint that does not name the views it was shown last.
     """
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
