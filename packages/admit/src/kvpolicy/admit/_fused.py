@@ -103,6 +103,23 @@ def _total(r: ReplicaView, plan: _Plan, hashes: tuple[int, ...]) -> float:
     return 0.0 if t is None else t
 
 
+def _track(i: int, r: ReplicaView, drained: set[int], held: set[int] | None) -> bool:
+    """Note view ``i``'s draining and (with ``held``) whether it reports prefix blocks;
+    True when it was among ``held`` and stopped reporting them."""
+    if r.draining:
+        drained.add(i)
+    elif drained:
+        drained.discard(i)
+    if held is None:
+        return False
+    if r.prefix_blocks:
+        held.add(i)
+    elif i in held:
+        held.discard(i)
+        return True
+    return False
+
+
 def _heap(totals: list[float], held: set[int]) -> list[tuple[float, int]]:
     """``(-total, position)`` of each total of a replica not in ``held``, a heap: its top
     is the first of the highest."""
@@ -328,16 +345,7 @@ class FusedTotals:
             state.spans = spans
             state.plan, state.load = self._plans(spans)
             for i in changed:
-                r = views[i]
-                if r.draining:
-                    drained.add(i)
-                elif drained:
-                    drained.discard(i)
-                if prefix:
-                    if r.prefix_blocks:
-                        held.add(i)
-                    else:
-                        held.discard(i)
+                _track(i, views[i], drained, held if prefix else None)
             state.totals = self._load_totals(views, state.values, spans)
             state.nan = math.isnan(sum(state.totals))
             state.heap = None if state.nan else _heap(state.totals, held)
@@ -348,18 +356,9 @@ class FusedTotals:
             heap = None
         for i in changed:
             r = views[i]
-            if r.draining:
-                drained.add(i)
-            elif drained:
-                drained.discard(i)
+            # back: whether it stopped reporting blocks
+            back = _track(i, r, drained, held if prefix else None)
             t = _total(r, load, ())  # the load total: the prefix terms left out
-            back = False  # whether it stopped reporting blocks
-            if prefix:
-                if r.prefix_blocks:
-                    held.add(i)
-                elif i in held:
-                    held.discard(i)
-                    back = True
             if t != totals[i]:
                 totals[i] = t
                 if t != t:
