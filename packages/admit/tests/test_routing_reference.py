@@ -35,6 +35,7 @@ from kvpolicy.admit import (
     WeightedRouter,
     prefix_match,
 )
+from kvpolicy.admit._fused import _compiled, _folded
 from kvpolicy.admit._prefix import TierCredit, exact_multiples
 from kvpolicy.kvmodel import ReplicaView, ReplicaViews, RoutingRequest
 
@@ -282,6 +283,22 @@ def test_weighted_through_scorer_objects_decides_alike() -> None:
         assert inline.route(request, views) == general.route(request, views)
 
 
+def _reshown(rng: random.Random, view: ReplicaView) -> ReplicaView:
+    """``view`` shown again as a gateway shows its replicas: another object with the same
+    ``waiting`` and ``kv_usage``, its prefix blocks shown or hidden (the holders of a
+    prompt's first block), now and then its ``running`` changed (which only a scorer of
+    requests reads) or its draining flipped."""
+    blocks: dict[str, list[int]] = {}
+    if rng.random() < 0.5:
+        blocks["gpu"] = [h for h in range(14) if rng.random() < 0.7]
+    return attrs.evolve(
+        view,
+        prefix_blocks=blocks,
+        running=rng.randrange(3) if rng.random() < 0.3 else view.running,
+        draining=not view.draining if rng.random() < 0.1 else view.draining,
+    )
+
+
 def _evolving(seed: int, steps: int) -> list[tuple[RoutingRequest, Sequence[ReplicaView]]]:
     """One fleet shown step after step as a fleet shows it: mostly the same view objects,
     a few replaced (a replica's load changed), sometimes the very same sequence again,
@@ -295,7 +312,10 @@ def _evolving(seed: int, steps: int) -> list[tuple[RoutingRequest, Sequence[Repl
         if x < 0.6:
             for _ in range(rng.randrange(1, 4)):
                 i = rng.randrange(len(views))
-                views[i] = _view(rng, int(views[i].replica_id[1:]))
+                if rng.random() < 0.4:
+                    views[i] = _reshown(rng, views[i])
+                else:
+                    views[i] = _view(rng, int(views[i].replica_id[1:]))
                 if rng.random() < 0.3:
                     views[i] = _live(views[i])
             shown = ReplicaViews(views) if rng.random() < 0.8 else list(views)
@@ -488,3 +508,39 @@ def test_single_tier_run_is_the_sequential_sum(weight: float) -> None:
         for _ in range(run):
             total += weight
         assert credit.match(hashes, blocks) == total / len(hashes)
+
+
+def test_compiled_totals_add_each_term_in_turn() -> None:
+    """A fused total compiled from its terms is, bit for bit, each term's product added in
+    turn to the sum of the leading constants, on random terms, weights and views (kinds:
+    0 kv, 1 queue, 2 requests, 3 prefix, 4 constant)."""
+    rng = random.Random(29)
+    credit = TierCredit(DEFAULT_TIER_WEIGHTS)
+    for _ in range(300):
+        terms = []
+        for _ in range(rng.randrange(0, 6)):
+            kind = rng.randrange(5)
+            w = rng.choice((1.0, 2.0, 3.0, 0.1, 1 / 3, rng.random() * 5))
+            high, span = rng.randrange(0, 9), rng.randrange(1, 9)
+            terms.append((kind, w, high, span, credit if kind == 3 else None))
+        plan = _folded(terms)
+        total = _compiled(plan)
+        for _ in range(5):
+            view = _view(rng, 0)
+            hashes = tuple(range(rng.randrange(0, 12)))
+            start, rest = plan
+            want = start
+            for kind, w, high, span, _credit in rest:
+                if kind == 0:
+                    term = w * (1.0 - view.kv_usage)
+                elif kind == 1:
+                    term = w * ((high - view.waiting) / span)
+                elif kind == 2:
+                    term = w * ((high - (view.running + view.waiting)) / span)
+                elif kind == 3:
+                    term = w * credit.match(hashes, view.prefix_blocks)
+                else:
+                    term = w
+                want = term if want is None else want + term
+            got = total(view, hashes)
+            assert got == (0.0 if want is None else want), (terms, view)

@@ -17,6 +17,12 @@ the scorers' order gives for kvpolicy-admit's own scorers (``kv``: ``1 - kv_usag
   positions whose view object is another one are read again (found by identity, in C, or
   named by the fleet: :data:`CHANGES`), and while the columns' maxima and spans stay the
   same only their totals are summed again;
+* a view replaced by one showing the same load (what the totals read of it: ``waiting``,
+  ``running``, ``kv_usage``), as a gateway re-shows a replica with its prefix blocks shown
+  or hidden, moves no total: only its draining and whether it reports blocks are noted;
+* a total is one expression per shape of the scorers (their kinds, compiled once; the
+  weights, spans and matchers bound when the spans change), the same float operations in
+  the same order as adding each term in turn;
 * the first of the highest load totals among the replicas reporting no blocks is the top
   of a heap of ``(-total, position)`` (an entry whose total changed since, or whose
   replica now reports blocks, is stale and dropped when it reaches the top), so a decision
@@ -33,10 +39,11 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from heapq import heapify, heappop, heappush
 from itertools import compress
 from operator import is_not
+from typing import Any
 
 from kvpolicy.admit._prefix import TierCredit
 from kvpolicy.kvmodel import ReplicaView
@@ -83,24 +90,68 @@ def _folded(terms: Sequence[_Term]) -> _Plan:
     return start, tuple(terms[k:])
 
 
-def _total(r: ReplicaView, plan: _Plan, hashes: tuple[int, ...]) -> float:
-    """Replica ``r``'s total under ``plan``: its terms in the scorers' order, a prefix term
-    matched on the replica's blocks."""
-    t, terms = plan
-    for kind, w, high, span, credit in terms:
+Total = Callable[[ReplicaView, tuple[int, ...]], float]
+"""A replica's total for a prompt's block hashes, compiled from a :data:`_Plan`."""
+
+_SHAPES: dict[tuple[bool, tuple[int, ...]], Callable[..., Total]] = {}
+"""The maker of each plan's shape (whether it has leading constants, its terms' kinds)."""
+
+
+def _shape_maker(shape: tuple[bool, tuple[int, ...]]) -> Callable[..., Total]:
+    """A function that, given a plan's constants, returns its total as one expression: the
+    plan's start, then each term added in order (Python's ``+`` is left-associative, so the
+    expression makes the same float operations, in the same order, as adding the terms one
+    by one), ``w * (1.0 - r.kv_usage)`` for ``kv``, ``w * match(hashes, r.prefix_blocks)``
+    for ``prefix``, ``w * ((high - r.waiting) / span)`` for ``queue``, ``w * ((high -
+    (r.running + r.waiting)) / span)`` for ``requests``, ``w`` for a constant. The source
+    is built from the kinds alone (the values are the maker's arguments), once per shape."""
+    has_start, kinds = shape
+    params = ["start"] if has_start else []
+    parts = ["start"] if has_start else []
+    for k, kind in enumerate(kinds):
+        params.append(f"w{k}")
         if kind == _KV:
-            term = w * (1.0 - r.kv_usage)
+            parts.append(f"w{k} * (1.0 - r.kv_usage)")
         elif kind == _PREFIX:
-            assert credit is not None
-            term = w * credit.match(hashes, r.prefix_blocks)
+            params.append(f"m{k}")
+            parts.append(f"w{k} * m{k}(hashes, r.prefix_blocks)")
         elif kind == _QUEUE:
-            term = w * ((high - r.waiting) / span)
+            params += [f"h{k}", f"s{k}"]
+            parts.append(f"w{k} * ((h{k} - r.waiting) / s{k})")
         elif kind == _REQUESTS:
-            term = w * ((high - (r.running + r.waiting)) / span)
+            params += [f"h{k}", f"s{k}"]
+            parts.append(f"w{k} * ((h{k} - (r.running + r.waiting)) / s{k})")
         else:
-            term = w
-        t = term if t is None else t + term
-    return 0.0 if t is None else t
+            parts.append(f"w{k}")
+    source = (
+        f"def make({', '.join(params)}):\n"
+        "    def total(r, hashes):\n"
+        f"        return {' + '.join(parts) or '0.0'}\n"
+        "    return total\n"
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<kvpolicy.admit fused total {kinds}>", "exec"), namespace)
+    maker: Callable[..., Total] = namespace["make"]
+    return maker
+
+
+def _compiled(plan: _Plan) -> Total:
+    """``plan`` as a function of a replica's view and a prompt's block hashes: its total,
+    the terms in the scorers' order (a prefix term matched on the replica's blocks)."""
+    start, terms = plan
+    shape = (start is not None, tuple(term[0] for term in terms))
+    maker = _SHAPES.get(shape)
+    if maker is None:
+        maker = _SHAPES[shape] = _shape_maker(shape)
+    args: list[Any] = [] if start is None else [start]
+    for kind, w, high, span, credit in terms:
+        args.append(w)
+        if kind == _PREFIX:
+            assert credit is not None
+            args.append(credit.match)
+        elif kind in (_QUEUE, _REQUESTS):
+            args += [high, span]
+    return maker(*args)
 
 
 def _track(i: int, r: ReplicaView, drained: set[int], held: set[int] | None) -> bool:
@@ -154,7 +205,7 @@ class _State:
         values: list[list[int]],
         bounds: list[tuple[int, int]],
         spans: tuple[tuple[int, int], ...],
-        plans: tuple[_Plan, _Plan],
+        plans: tuple[Total, Total],
         totals: list[float],
         held: set[int],
         drained: set[int],
@@ -168,8 +219,8 @@ class _State:
         self.spans = spans
         """Each min-max column's ``(max, max - min)``."""
         self.plan, self.load = plans
-        """Every scorer's terms under ``spans``, and the load scorers' only
-        (:meth:`FusedTotals._plans`)."""
+        """A replica's total under ``spans`` with every scorer, and with the load scorers'
+        only (:meth:`FusedTotals._plans`)."""
         self.totals = totals
         """Each replica's load total (the prefix terms left out)."""
         self.held = held
@@ -189,7 +240,17 @@ class FusedTotals:
         terms: the scorers, in order.
     """
 
-    __slots__ = ("_live", "_load", "_lock", "_minmax", "_prefix", "_state", "_steps", "_terms")
+    __slots__ = (
+        "_live",
+        "_load",
+        "_lock",
+        "_minmax",
+        "_prefix",
+        "_reads",
+        "_state",
+        "_steps",
+        "_terms",
+    )
 
     def __init__(self, terms: Sequence[Term]) -> None:
         """See the class docstring."""
@@ -211,6 +272,9 @@ class FusedTotals:
         self._load = tuple(step for step in steps if step[0] != _PREFIX)
         self._minmax = tuple(minmax)
         self._prefix = any(step[0] == _PREFIX for step in steps)
+        codes = {step[0] for step in steps}
+        self._reads = (bool(codes & {_QUEUE, _REQUESTS}), _REQUESTS in codes, _KV in codes)
+        """Whether a total reads each of ``waiting``, ``running`` and ``kv_usage``."""
         self._state: _State | None = None
         self._lock = threading.Lock()
         self._live: FusedTotals | None = None  # decides among the live views while some drain
@@ -239,7 +303,7 @@ class FusedTotals:
                 else:
                     state.views = views
                     if changed:
-                        self._update(state, views, changed)
+                        self._update(state, last, views, changed)
             if state.drained:
                 return self._pick(state, hashes, views)
             heap = state.heap
@@ -255,8 +319,9 @@ class FusedTotals:
                     break
                 heappop(heap)
             best_total, best = (-heap[0][0], heap[0][1]) if heap else (-math.inf, len(views))
+            plan = state.plan
             for i in held:
-                t = _total(views[i], state.plan, hashes) if hashes else totals[i]
+                t = plan(views[i], hashes) if hashes else totals[i]
                 if t > best_total or (t == best_total and i < best):
                     best_total, best = t, i
             return best
@@ -280,9 +345,10 @@ class FusedTotals:
             among = self._live = FusedTotals(self._terms)
         return live[among.best(hashes, tuple([views[i] for i in live]))]
 
-    def _plans(self, spans: tuple[tuple[int, int], ...]) -> tuple[_Plan, _Plan]:
-        """Every scorer's terms under ``spans`` (a min-max scorer over equal values is the
-        constant ``weight * 1.0``), and the load scorers' alone."""
+    def _plans(self, spans: tuple[tuple[int, int], ...]) -> tuple[Total, Total]:
+        """A replica's total with every scorer's terms under ``spans`` (a min-max scorer
+        over equal values is the constant ``weight * 1.0``), and with the load scorers'
+        alone."""
         terms: list[_Term] = []
         for code, weight, credit, si in self._steps:
             if si >= 0:
@@ -293,7 +359,8 @@ class FusedTotals:
                     terms.append((_CONST, weight * 1.0, 0, 0, None))
             else:
                 terms.append((code, weight, 0, 0, credit))
-        return _folded(terms), _folded([t for t in terms if t[0] != _PREFIX])
+        load = [t for t in terms if t[0] != _PREFIX]
+        return _compiled(_folded(terms)), _compiled(_folded(load))
 
     def _fresh(self, views: Sequence[ReplicaView]) -> _State:
         """The state of ``views`` read afresh (no heap: made once views change in a few
@@ -311,10 +378,41 @@ class FusedTotals:
         totals = self._load_totals(views, values, spans)
         return _State(views, values, bounds, spans, self._plans(spans), totals, held, drained)
 
-    def _update(self, state: _State, views: Sequence[ReplicaView], changed: Sequence[int]) -> None:
-        """Bring ``state`` to ``views``, whose positions ``changed`` (some) hold other
-        views."""
+    def _update(
+        self,
+        state: _State,
+        last: Sequence[ReplicaView],
+        views: Sequence[ReplicaView],
+        changed: Sequence[int],
+    ) -> None:
+        """Bring ``state`` from the views ``last`` to ``views``, whose positions ``changed``
+        (some) hold other views."""
         drained = state.drained
+        held, prefix = state.held, self._prefix
+        reads_waiting, reads_running, reads_kv = self._reads
+        # A view that shows the load its last one showed (most often the same replica with
+        # its prefix blocks shown or hidden) moves no total and no column: only its draining
+        # and whether it reports blocks are noted (NaN loads compare unequal: moved).
+        moved: list[int] = []
+        for i in changed:
+            r, o = views[i], last[i]
+            if r is o:
+                continue
+            if (
+                (not reads_waiting or r.waiting == o.waiting)
+                and (not reads_running or r.running == o.running)
+                and (not reads_kv or r.kv_usage == o.kv_usage)
+            ):
+                if _track(i, r, drained, held if prefix else None) and state.heap is not None:
+                    heappush(state.heap, (-state.totals[i], i))  # back among the heap's
+            else:
+                moved.append(i)
+        if not moved:
+            heap = state.heap
+            if not state.nan and (heap is None or len(heap) > 2 * len(views) + 8):
+                state.heap = _heap(state.totals, held)
+            return
+        changed = moved
         spans = state.spans
         rebound = False
         for k, code in enumerate(self._minmax):
@@ -340,7 +438,6 @@ class FusedTotals:
                 rebound = True
         if rebound:
             spans = tuple([(high, high - low) for low, high in state.bounds])
-        held, prefix = state.held, self._prefix
         if spans != state.spans:  # every total moves: summed again, the heap made again
             state.spans = spans
             state.plan, state.load = self._plans(spans)
@@ -358,7 +455,7 @@ class FusedTotals:
             r = views[i]
             # back: whether it stopped reporting blocks
             back = _track(i, r, drained, held if prefix else None)
-            t = _total(r, load, ())  # the load total: the prefix terms left out
+            t = load(r, ())  # the load total: the prefix terms left out
             if t != totals[i]:
                 totals[i] = t
                 if t != t:
@@ -382,7 +479,7 @@ class FusedTotals:
         if held and hashes:
             out = totals.copy()
             for i in held:
-                out[i] = _total(views[i], state.plan, hashes)
+                out[i] = state.plan(views[i], hashes)
         if state.nan:  # the general rule
             return max(range(len(out)), key=lambda i: (out[i], -i))
         return out.index(max(out))  # the first of the highest
