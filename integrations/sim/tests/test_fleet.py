@@ -28,7 +28,7 @@ from kvpolicy.sim import (
 )
 from kvpolicy.sim.workloads import get_workload
 
-FLEET_KEYS = ("gpu_hours", "peak_replicas", "replicas")
+FLEET_KEYS = ("gpu_hours", "peak_replicas", "replicas", "replicas_reclaimed")
 
 
 def _requests(kit: SimpleNamespace, n: int, gap: float = 0.002) -> list[Request]:
@@ -311,6 +311,49 @@ class TestAutoscaling:
         mine = out.assignment == k
         assert max(reqs[i].arrival_time for i in np.flatnonzero(mine)) <= 0.05 + 0.01
         assert drained[0].down_s == pytest.approx(float(np.max(out.record.finish[mine])))
+
+    @pytest.mark.parametrize("reclaim", [False, True])
+    def test_a_rise_takes_a_draining_replica_back(
+        self, kit: SimpleNamespace, tm: TimingModel, reclaim: bool
+    ) -> None:
+        """Asked for 1 replica then 2 again while the drained one still has requests,
+        the fleet with ``reclaim_draining`` serves on it again (no third replica, one
+        reclaim counted, nothing lost); without it the fleet starts a third."""
+        cfg = FleetConfig(
+            2,
+            autoscaler="static",
+            decision_interval_s=0.01,
+            startup_s=0.0,
+            reclaim_draining=reclaim,
+        )
+        reqs = [kit.request(i, 64, 400, t=0.002 * i) for i in range(60)]
+        scaler = _Schedule([1, 2])
+        engines = lambda k: Engine(tm, kit.engine(4096))  # noqa: E731
+        out = Fleet(engines, RoundRobinRouter(), cfg, autoscaler=scaler).run(reqs)
+        assert np.isfinite(out.record.finish).all()
+        assert scaler.draining[1] == 1  # the second decision saw one replica draining
+        if reclaim:
+            assert len(out.replicas) == 2
+            assert out.reclaimed == 1
+            # the replica taken back served requests that arrived after it was taken back
+            late = out.assignment[[i for i, r in enumerate(reqs) if r.arrival_time > 0.03]]
+            assert set(late.tolist()) == {0, 1}
+        else:
+            assert len(out.replicas) == 3
+            assert out.reclaimed == 0
+
+
+class _Schedule:
+    """An autoscaler asking for ``counts`` in turn (the last one from then on), noting how
+    many replicas each decision saw draining."""
+
+    def __init__(self, counts: Sequence[int]) -> None:
+        self.counts = list(counts)
+        self.draining: list[int] = []
+
+    def target(self, view: object) -> int:
+        self.draining.append(len(view.draining))  # type: ignore[attr-defined]
+        return self.counts.pop(0) if len(self.counts) > 1 else self.counts[0]
 
 
 class TestBadInput:

@@ -340,6 +340,10 @@ class FleetConfig:
     """Bytes per second at which a new replica loads its model's weights."""
     startup_s: float = field(default=30.0, converter=float, validator=_non_negative_finite)
     """Seconds a new replica takes to start besides loading its weights."""
+    reclaim_draining: bool = field(default=False, validator=instance_of(bool))
+    """Whether a rise of the autoscaler's target takes draining replicas back (those with
+    the most requests still on them first) before starting new ones: they serve again at
+    once, where a new replica serves after its provisioning delay and holds one more GPU."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_replicas is not None and self.min_replicas > self.max_replicas:

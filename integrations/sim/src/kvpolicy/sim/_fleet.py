@@ -122,6 +122,8 @@ class FleetRecord:
     """(n,) int64 index in ``replicas`` of the replica each request went to (-1: none)."""
     peak_replicas: int
     """Most replicas holding a GPU at once (provisioning, serving or draining)."""
+    reclaimed: int = 0
+    """Times a draining replica was taken back (``reclaim_draining``)."""
 
     @property
     def gpu_hours(self) -> float:
@@ -382,6 +384,7 @@ class _Run:
         self._now = float(arrivals[0]) if len(reqs) else 0.0
         self._last_door = -math.inf  # when the front door last opened
         self._peak = 0
+        self._reclaimed = 0
         self._delay = cfg.signal_delay_s
         self._snap_every = cfg.signal_delay_s / 8
         self._next_decision = math.inf
@@ -660,7 +663,22 @@ class _Run:
         if cfg.max_replicas is not None:
             target = min(target, cfg.max_replicas)
         current = len(up) + len(provisioning)
-        for _ in range(target - current):
+
+        def load(x: _Replica) -> tuple[int, int]:
+            return x.server.outstanding + len(x.inbox), -x.index
+
+        missing = target - current
+        if missing > 0 and cfg.reclaim_draining:
+            # The draining replicas with the most requests on them (the furthest from
+            # stopping; the latest started first on a tie) serve again.
+            for r in sorted(draining, key=load, reverse=True)[:missing]:
+                r.draining = False
+                self._reclaimed += 1
+                self._sync(r)
+                self._touch(r)
+                missing -= 1
+                current += 1
+        for _ in range(missing):
             k = len(self._replicas)
             engine = fleet._engines(k)
             weights = engine.timing.model.weight_bytes_per_gpu(engine.timing.tp)
@@ -672,10 +690,6 @@ class _Run:
         for r in sorted(provisioning, key=lambda x: -x.index)[: max(surplus, 0)]:
             self._stop(r, t)
             surplus -= 1
-
-        def load(x: _Replica) -> tuple[int, int]:
-            return x.server.outstanding + len(x.inbox), -x.index
-
         for r in sorted(up, key=load)[: max(surplus, 0)]:
             r.draining = True
             self._sync(r)
@@ -781,6 +795,7 @@ class _Run:
             replicas=tuple(rows),
             assignment=self._assigned,
             peak_replicas=self._peak,
+            reclaimed=self._reclaimed,
         )
 
 
@@ -848,6 +863,9 @@ def summarize_fleet(fleet: FleetRecord, slo: SLOConfig, gpu: GPUSpec) -> Summary
         cost_per_1k_completed_usd=per_1k(base.completed),
         cost_per_1k_slo_met_usd=per_1k(base.slo_met),
         fleet=FleetSummary(
-            gpu_hours=fleet.gpu_hours, peak_replicas=fleet.peak_replicas, replicas=rows
+            gpu_hours=fleet.gpu_hours,
+            peak_replicas=fleet.peak_replicas,
+            replicas=rows,
+            reclaimed=fleet.reclaimed,
         ),
     )

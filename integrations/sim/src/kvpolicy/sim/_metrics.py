@@ -90,6 +90,8 @@ class FleetSummary:
     """Most replicas holding a GPU at once."""
     replicas: tuple[ReplicaSummary, ...]
     """Every replica, in start order."""
+    reclaimed: int = 0
+    """Times a draining replica was taken back instead of starting one."""
 
 
 @frozen
@@ -186,7 +188,7 @@ class Summary:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dictionary (NaN becomes ``None``); a fleet's figures are top-level
-        keys ``gpu_hours``, ``peak_replicas`` and ``replicas``."""
+        keys ``gpu_hours``, ``peak_replicas``, ``replicas`` and ``replicas_reclaimed``."""
         out = attrs.asdict(self, recurse=True)
         out["tenants"] = list(out["tenants"])
         fleet = out.pop("fleet")
@@ -194,6 +196,7 @@ class Summary:
             out["gpu_hours"] = fleet["gpu_hours"]
             out["peak_replicas"] = fleet["peak_replicas"]
             out["replicas"] = list(fleet["replicas"])
+            out["replicas_reclaimed"] = fleet["reclaimed"]
         cleaned: dict[str, Any] = _clean(out)
         return cleaned
 
