@@ -9,6 +9,7 @@ import torch
 
 from kvpolicy.evict import (
     PRECISIONS,
+    GroupedPrecision,
     MixedConfig,
     PrecisionCosts,
     TokenPDMixed,
@@ -204,12 +205,32 @@ class TestKeysPerChannel:
         assert tok.bytes_max == 2 * held * c4
         assert chan.result.nll.tolist() != tok.result.nll.tolist()
 
+    @pytest.mark.heavy
+    def test_mixed_token_pd_keys_per_channel(self, lm: CausalLM, ids: torch.Tensor) -> None:
+        """``token-pd:precisions=16+8+4:key_axis=channel``: Token-PD's demotions come in
+        whole groups of ``group_size`` tokens a layer (the decoder refuses anything else),
+        the bytes held stay within the budget and the losses differ from keys per token."""
+        spec = layer_spec(lm)
+        label = "token-pd:keep_rule=false:precisions=16+8+4:group_size=8"
+        make_c, costs, group = demoting_factory(label + ":key_axis=channel", spec)
+        make_t, _, _ = demoting_factory(label, spec)
+        assert make_c is not None
+        assert make_t is not None
+        budget = 0.25 * (N - 1) * costs.token_bytes[16]
+        first = make_c(budget)
+        assert isinstance(first, GroupedPrecision)
+        assert first.key_axis == "channel"
+        chan = decode_bytes(lm, ids[:1], lambda: make_c(budget), budget, costs, group_size=group)[0]
+        tok = decode_bytes(lm, ids[:1], lambda: make_t(budget), budget, costs, group_size=group)[0]
+        assert chan.bytes_max <= 2 * budget + 1e-6  # two layers, each within the budget
+        assert chan.result.nll.tolist() != tok.result.nll.tolist()
+
     def test_bad_key_axis_labels(self, lm: CausalLM) -> None:
         """key_axis only with precision=B below 16, and only token or channel."""
         for label, match in (
             ("full:key_axis=channel", "needs precision=B below 16"),
             ("h2o:precision=4:key_axis=1", "'key_axis' must be token or channel: 1"),
-            ("token-pd:precisions=16+4:key_axis=channel", "not of precisions"),
+            ("token-pd:precisions=16+4:key_axis=2", "'key_axis' must be token or channel: 2"),
         ):
             with pytest.raises(ValueError, match=match):
                 demoting_factory(label, layer_spec(lm))

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from kvpolicy.evict import (
     DEFAULT_COSTS,
     FIFOPolicy,
+    GroupedPrecision,
     H2OPolicy,
     MixedConfig,
     PrecisionCosts,
@@ -38,6 +39,17 @@ DEMOTING: dict[str, Callable[[], DemotingPolicy]] = {
     ),
     "uniform(token-pd, 2, residual 3)": lambda: UniformPrecision(
         TokenPDMixed(), bits=2, residual=3
+    ),
+    "grouped(token-pd-mixed, 4)": lambda: GroupedPrecision(
+        TokenPDMixed(), DEFAULT_COSTS, residual=4
+    ),
+    "grouped(token-pd-mixed 16+8+4+2, sinks, 3)": lambda: GroupedPrecision(
+        TokenPDMixed(
+            TokenPDConfig(num_sink=2, recent_window=2, keep_rule=False),
+            MixedConfig(precisions=(16, 8, 4, 2)),
+        ),
+        DEFAULT_COSTS,
+        residual=3,
     ),
 }
 
@@ -271,3 +283,69 @@ class TestUniformPrecision:
             UniformPrecision(object(), 4)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="among"):
             UniformPrecision(FIFOPolicy(), 3)
+
+
+class TestGroupedPrecision:
+    """Token-PD's demotions held back until a group shares a precision (keys per channel)."""
+
+    @pytest.mark.parametrize("g", [1, 3, 8])
+    def test_demotions_come_in_whole_groups(self, g: int) -> None:
+        """Every allocate demotes whole groups of G tokens per stream and precision, the
+        lowest positions of their queue first; fewer than G of each wait; the bytes held
+        stay within the budget and equal what the changes say (``_drive``)."""
+        inner = TokenPDMixed(TokenPDConfig(keep_rule=False), MixedConfig(precisions=(16, 8, 4, 2)))
+        p = GroupedPrecision(inner, DEFAULT_COSTS, residual=g)
+        assert (p.key_axis, p.residual, p.base) == ("channel", g, inner)
+        seen: list[tuple[str, int, list[int]]] = []
+        real = p.allocate
+
+        def allocate(budget: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+            out = dict(real(budget))
+            for stream, (pos, bits) in out.items():
+                for b in set(bits.tolist()) - {0}:
+                    group = pos[bits == b].tolist()
+                    assert len(group) % g == 0, (stream, b, group)
+                    seen.append((stream, b, group))
+            for (_, _), queue in p._waiting.items():
+                assert len(queue) < g
+            return out
+
+        p.allocate = allocate  # type: ignore[method-assign]
+        history = _drive(p, steps=80, budget=(4 * g + 12) * C16, streams=2)
+        assert seen, "nothing was demoted"
+        assert p.waiting_tokens() == sum(len(q) for q in p._waiting.values())
+        # The groups hold what the inner policy chose: every held token's bits are at or
+        # above its inner target, and above it only while it waits.
+        final = history[-1]
+        for stream, held in final.items():
+            pos = np.array(sorted(held), dtype=np.int64)
+            targets = inner.precisions_of(stream, pos)
+            for q, t in zip(pos.tolist(), targets.tolist(), strict=True):
+                assert held[q] >= t
+                assert (held[q] > t) == ((stream, q) in p._target)
+
+    def test_evicting_a_waiting_token_forgets_it(self) -> None:
+        """Tokens evicted while they wait leave their queues and the bytes."""
+        for steps in range(30, 60):
+            p = GroupedPrecision(
+                TokenPDMixed(TokenPDConfig(keep_rule=False)), DEFAULT_COSTS, residual=4
+            )
+            _drive(p, steps=steps, budget=28 * C16, streams=2)
+            if p.waiting_tokens():
+                break
+        assert p.waiting_tokens() > 0, "no demotion ever waited"
+        p.evict(0)
+        assert p.waiting_tokens() == 0
+        assert p.resident_bytes() == 0.0
+        assert p.resident_tokens() == 0
+        assert dict(p.allocate(12 * C16)) == {}
+
+    def test_bad_arguments(self) -> None:
+        """A policy that does not demote, costs of another type, a bad residual: named."""
+        with pytest.raises(TypeError, match="'policy' must be a DemotingPolicy"):
+            GroupedPrecision(FIFOPolicy(), DEFAULT_COSTS, residual=4)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="'costs' must be PrecisionCosts"):
+            GroupedPrecision(TokenPDMixed(), {16: 1}, residual=4)  # type: ignore[arg-type]
+        for bad in (0, -1, 2.0, True):
+            with pytest.raises(ValueError, match="'residual' must be an int >= 1"):
+                GroupedPrecision(TokenPDMixed(), DEFAULT_COSTS, residual=bad)  # type: ignore[arg-type]

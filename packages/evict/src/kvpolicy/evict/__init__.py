@@ -12,8 +12,9 @@ Tokens may also be held at lower precision under a budget in bytes (kvmodel's
 ``DemotingPolicy``): ``quantize``/``dequantize`` in torch (per-token or per-channel groups,
 fp16 scales and zero points), ``PrecisionCosts`` (bytes per state), ``choose_states`` (the
 multiple-choice knapsack at one price per byte), ``TokenPDMixed`` (Token-PD choosing 16, 8,
-4, 2 bits or eviction per token) and ``UniformPrecision`` (any eviction policy with every
-token at one precision).
+4, 2 bits or eviction per token), ``UniformPrecision`` (any eviction policy with every
+token at one precision) and ``GroupedPrecision`` (a demoting policy whose demotions wait
+until a group of tokens shares a precision: keys quantized per channel).
 
 ``attention_statistics`` (sink mass, decay with distance, heavy-hitter concentration and
 persistence of a causal attention matrix, numpy only) is the one definition of the numbers
@@ -43,6 +44,7 @@ from kvpolicy.evict._baselines import FIFOPolicy, H2OPolicy, LRUPolicy, SinkWind
 from kvpolicy.evict._compose import Composed, Discarding, compose
 from kvpolicy.evict._content import ContentAware, LatestOccurrences
 from kvpolicy.evict._errors import EvictError
+from kvpolicy.evict._grouped import GroupedPrecision
 from kvpolicy.evict._knapsack import (
     KnapsackRun,
     clairvoyant_value,
@@ -99,6 +101,7 @@ __all__ = [
     "Discarding",
     "EvictError",
     "FIFOPolicy",
+    "GroupedPrecision",
     "H2OPolicy",
     "KnapsackRun",
     "LRUPolicy",

@@ -11,6 +11,7 @@ from attrs import field, frozen
 from attrs.validators import ge, gt, instance_of, le
 
 from kvpolicy.evict import (
+    GroupedPrecision,
     MixedConfig,
     PrecisionCosts,
     ReturnPredictor,
@@ -46,7 +47,9 @@ quantization); ``precisions=16+8+4`` lets Token-PD choose among those precisions
 (:class:`~kvpolicy.evict.TokenPDMixed`), ``loss_scale`` its loss model; ``group_size``
 the channels per quantization group (32 when not given); ``key_axis=channel`` with
 ``precision=B`` quantizes keys per channel over groups of ``group_size`` tokens (KIVI's
-layout: the newest tokens wait at 16 bits until a group is whole), ``token`` (the default)
+layout: the newest tokens wait at 16 bits until a group is whole), and with
+``precisions`` Token-PD's demotions wait until ``group_size`` tokens of a layer share a
+target precision (:class:`~kvpolicy.evict.GroupedPrecision`); ``token`` (the default)
 per token."""
 
 POLICY_CHOICES: tuple[str, ...] = (
@@ -281,8 +284,9 @@ def demoting_factory(
         raise ValueError(f"'policy' {name!r}: give precision or precisions, not both")
     if "loss_scale" in extra and "precisions" not in extra:
         raise ValueError(f"'policy' {name!r}: loss_scale needs precisions")
-    if "key_axis" in extra and "precisions" in extra:
-        raise ValueError(f"'key_axis' is a param of precision=B, not of precisions: {name!r}")
+    axis = extra.get("key_axis", "token")
+    if axis not in ("token", "channel"):
+        raise ValueError(f"'key_axis' must be token or channel: {axis!r} in {name!r}")
     if "precisions" in extra:
         if base != "token-pd":
             raise ValueError(f"'precisions' is a param of token-pd only: {name!r}")
@@ -297,14 +301,13 @@ def demoting_factory(
                 config = TokenPDConfig(**_resolve(params, k))
             except TypeError as exc:
                 raise ValueError(f"'policy' {name!r}: {exc}") from None
+            if axis == "channel":
+                return GroupedPrecision(TokenPDMixed(config, mixed), costs, residual=group)
             return TokenPDMixed(config, mixed)
 
         return mixed_factory, costs, group
     bits = extra.get("precision", 16)
     (bits,) = check_precisions([bits])
-    axis = extra.get("key_axis", "token")
-    if axis not in ("token", "channel"):
-        raise ValueError(f"'key_axis' must be token or channel: {axis!r} in {name!r}")
     if axis == "channel" and bits == 16:
         raise ValueError(f"'key_axis' = channel needs precision=B below 16: {name!r}")
     costs = PrecisionCosts.of(layer, sorted({16, bits}), group)
