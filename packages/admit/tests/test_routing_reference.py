@@ -513,7 +513,8 @@ def test_single_tier_run_is_the_sequential_sum(weight: float) -> None:
 def test_compiled_totals_add_each_term_in_turn() -> None:
     """A fused total compiled from its terms is, bit for bit, each term's product added in
     turn to the sum of the leading constants, on random terms, weights and views (kinds:
-    0 kv, 1 queue, 2 requests, 3 prefix, 4 constant)."""
+    0 kv, 1 queue, 2 requests, 3 prefix, 4 constant); the totals of many views at once are
+    each one's total."""
     rng = random.Random(29)
     credit = TierCredit(DEFAULT_TIER_WEIGHTS)
     for _ in range(300):
@@ -524,7 +525,10 @@ def test_compiled_totals_add_each_term_in_turn() -> None:
             high, span = rng.randrange(0, 9), rng.randrange(1, 9)
             terms.append((kind, w, high, span, credit if kind == 3 else None))
         plan = _folded(terms)
-        total = _compiled(plan)
+        total, totals = _compiled(plan)
+        views = [_view(rng, i) for i in range(4)]
+        hashes = tuple(range(rng.randrange(0, 12)))
+        assert totals(views, hashes) == [total(v, hashes) for v in views]
         for _ in range(5):
             view = _view(rng, 0)
             hashes = tuple(range(rng.randrange(0, 12)))

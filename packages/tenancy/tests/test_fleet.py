@@ -208,7 +208,7 @@ class TestFleet:
         view = b.view(now, fleet.config)
         assert (view.running, view.waiting, view.kv_usage, view.free_blocks) == (5, 2, 0.25, 750)
         stale = b.view(now + 1.0, fleet.config)
-        assert (stale.running, stale.waiting, stale.signal_age_s) == (1, 0, 0.0)
+        assert (stale.running, stale.waiting, stale.signal_age_s) == (0, 1, 0.0)
 
     def test_unchecked_views_equal_validated_ones(self) -> None:
         """The views built without validation equal those built with it."""
@@ -217,11 +217,11 @@ class TestFleet:
         first = b.view(time.monotonic(), fleet.config)
         fleet.begin(b, 7)
         again = b.view(time.monotonic(), fleet.config)
-        assert again == ReplicaView(URLS[0], 1, 0, 0.0, 0, 16)
+        assert again == ReplicaView(URLS[0], 0, 1, 0.0, 0, 16)  # unscraped: waiting
         assert again != first
         blocks = frozenset({1, 2})
         assert with_blocks(again, blocks) == ReplicaView(
-            URLS[0], 1, 0, 0.0, 0, 16, prefix_blocks={"gpu": blocks}
+            URLS[0], 0, 1, 0.0, 0, 16, prefix_blocks={"gpu": blocks}
         )
 
     def test_a_failing_router_is_replaced(self, caplog: pytest.LogCaptureFixture) -> None:

@@ -70,8 +70,9 @@ class TestLoadView:
         assert load_view(7, 100, s, 0.4, 3.0, None) == LoadSignals(3, 4, 0.5, 0.4, True)
 
     def test_stale_or_missing_falls_back(self) -> None:
-        """A stale or missing scrape gives the gateway's counts, usage from its tokens."""
+        """A stale or missing scrape gives the gateway's counts (every request in flight
+        waiting: no scrape saw it run), usage from its tokens."""
         s = ScrapedMetrics(30, 10, 0.9)
-        assert load_view(2, 500, s, 3.5, 3.0, 1000) == LoadSignals(2, 0, 0.5, 0.0, False)
-        assert load_view(2, 5000, None, 0.0, 3.0, 1000) == LoadSignals(2, 0, 1.0, 0.0, False)
+        assert load_view(2, 500, s, 3.5, 3.0, 1000) == LoadSignals(0, 2, 0.5, 0.0, False)
+        assert load_view(2, 5000, None, 0.0, 3.0, 1000) == LoadSignals(0, 2, 1.0, 0.0, False)
         assert load_view(0, 0, None, 0.0, 3.0, None) == LoadSignals(0, 0, 0.0, 0.0, False)

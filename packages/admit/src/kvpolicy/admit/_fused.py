@@ -23,12 +23,13 @@ the scorers' order gives for kvpolicy-admit's own scorers (``kv``: ``1 - kv_usag
 * a total is one expression per shape of the scorers (their kinds, compiled once; the
   weights, spans and matchers bound when the spans change), the same float operations in
   the same order as adding each term in turn;
-* the first of the highest load totals among the replicas reporting no blocks is the top
-  of a heap of ``(-total, position)`` (an entry whose total changed since, or whose
-  replica now reports blocks, is stale and dropped when it reaches the top), so a decision
-  costs what the changed views and the replicas holding the prompt cost, not passes of
-  arithmetic over the fleet; where most views changed the totals are summed and searched
-  as a list, and the heap is made when the next views differ in a few places.
+* a decision is then one pass in C over the kept totals (a copy with the totals of the
+  replicas reporting blocks summed again for the prompt, ``max`` and ``index``: the first
+  of the highest), so it costs what the changed views and the replicas holding the prompt
+  cost in Python, not passes of arithmetic over the fleet. (A heap of the totals was tried
+  before: at 64 replicas it cost more than the pass, being made again whenever a column's
+  extremes moved, as they do at one decision in seven when the gateway's own counts are
+  the queue.)
 
 The kept state is changed in place under a lock; a decision that finds the lock held (a
 router shared between threads) decides from its views alone, and one that fails drops
@@ -40,7 +41,6 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Sequence
-from heapq import heapify, heappop, heappush
 from itertools import compress
 from operator import is_not
 from typing import Any
@@ -65,6 +65,9 @@ _Term = tuple[int, float, int, int, TierCredit | None]
 """A scorer's term under the min-max columns' spans: (kind, weight, the column's max, its
 span, the TierCredit of a prefix scorer); a min-max scorer over equal values is the
 constant kind, its weight ``weight * 1.0``."""
+_PLANS_KEPT = 256
+"""Most compiled plans a :class:`FusedTotals` keeps (one per columns' extremes seen)."""
+
 _Plan = tuple[float | None, tuple[_Term, ...]]
 """A total's terms: the sum of its leading constant terms (added in order; None: none), and
 the terms after them, added to it in order."""
@@ -92,13 +95,16 @@ def _folded(terms: Sequence[_Term]) -> _Plan:
 
 Total = Callable[[ReplicaView, tuple[int, ...]], float]
 """A replica's total for a prompt's block hashes, compiled from a :data:`_Plan`."""
+Totals = Callable[[Sequence[ReplicaView], tuple[int, ...]], list[float]]
+"""Every replica's total (the same expression as :data:`Total`, in one comprehension)."""
 
-_SHAPES: dict[tuple[bool, tuple[int, ...]], Callable[..., Total]] = {}
+_SHAPES: dict[tuple[bool, tuple[int, ...]], Callable[..., tuple[Total, Totals]]] = {}
 """The maker of each plan's shape (whether it has leading constants, its terms' kinds)."""
 
 
-def _shape_maker(shape: tuple[bool, tuple[int, ...]]) -> Callable[..., Total]:
-    """A function that, given a plan's constants, returns its total as one expression: the
+def _shape_maker(shape: tuple[bool, tuple[int, ...]]) -> Callable[..., tuple[Total, Totals]]:
+    """A function that, given a plan's constants, returns its total as one expression (of
+    one replica, and of every replica in one comprehension): the
     plan's start, then each term added in order (Python's ``+`` is left-associative, so the
     expression makes the same float operations, in the same order, as adding the terms one
     by one), ``w * (1.0 - r.kv_usage)`` for ``kv``, ``w * match(hashes, r.prefix_blocks)``
@@ -123,21 +129,25 @@ def _shape_maker(shape: tuple[bool, tuple[int, ...]]) -> Callable[..., Total]:
             parts.append(f"w{k} * ((h{k} - (r.running + r.waiting)) / s{k})")
         else:
             parts.append(f"w{k}")
+    expr = " + ".join(parts) or "0.0"
     source = (
         f"def make({', '.join(params)}):\n"
         "    def total(r, hashes):\n"
-        f"        return {' + '.join(parts) or '0.0'}\n"
-        "    return total\n"
+        f"        return {expr}\n"
+        "    def totals(views, hashes):\n"
+        f"        return [{expr} for r in views]\n"
+        "    return total, totals\n"
     )
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<kvpolicy.admit fused total {kinds}>", "exec"), namespace)
-    maker: Callable[..., Total] = namespace["make"]
+    maker: Callable[..., tuple[Total, Totals]] = namespace["make"]
     return maker
 
 
-def _compiled(plan: _Plan) -> Total:
+def _compiled(plan: _Plan) -> tuple[Total, Totals]:
     """``plan`` as a function of a replica's view and a prompt's block hashes: its total,
-    the terms in the scorers' order (a prefix term matched on the replica's blocks)."""
+    the terms in the scorers' order (a prefix term matched on the replica's blocks); and
+    as a function of every replica's view."""
     start, terms = plan
     shape = (start is not None, tuple(term[0] for term in terms))
     maker = _SHAPES.get(shape)
@@ -154,32 +164,18 @@ def _compiled(plan: _Plan) -> Total:
     return maker(*args)
 
 
-def _track(i: int, r: ReplicaView, drained: set[int], held: set[int] | None) -> bool:
-    """Note view ``i``'s draining and (with ``held``) whether it reports prefix blocks;
-    True when it was among ``held`` and stopped reporting them."""
+def _track(i: int, r: ReplicaView, drained: set[int], held: set[int] | None) -> None:
+    """Note view ``i``'s draining and (with ``held``) whether it reports prefix blocks."""
     if r.draining:
         drained.add(i)
     elif drained:
         drained.discard(i)
     if held is None:
-        return False
+        return
     if r.prefix_blocks:
         held.add(i)
-    elif i in held:
+    elif held:
         held.discard(i)
-        return True
-    return False
-
-
-def _heap(totals: list[float], held: set[int]) -> list[tuple[float, int]]:
-    """``(-total, position)`` of each total of a replica not in ``held``, a heap: its top
-    is the first of the highest."""
-    if held:
-        heap = [(-t, i) for i, t in enumerate(totals) if i not in held]
-    else:
-        heap = [(-t, i) for i, t in enumerate(totals)]
-    heapify(heap)
-    return heap
 
 
 class _State:
@@ -188,9 +184,9 @@ class _State:
     __slots__ = (
         "bounds",
         "drained",
-        "heap",
         "held",
         "load",
+        "load_all",
         "nan",
         "plan",
         "spans",
@@ -205,7 +201,7 @@ class _State:
         values: list[list[int]],
         bounds: list[tuple[int, int]],
         spans: tuple[tuple[int, int], ...],
-        plans: tuple[Total, Total],
+        plans: tuple[Total, Total, Totals],
         totals: list[float],
         held: set[int],
         drained: set[int],
@@ -218,9 +214,9 @@ class _State:
         """Each min-max column's ``(min, max)``."""
         self.spans = spans
         """Each min-max column's ``(max, max - min)``."""
-        self.plan, self.load = plans
-        """A replica's total under ``spans`` with every scorer, and with the load scorers'
-        only (:meth:`FusedTotals._plans`)."""
+        self.plan, self.load, self.load_all = plans
+        """A replica's total under ``spans`` with every scorer, with the load scorers' only,
+        and every replica's load total (:meth:`FusedTotals._plans`)."""
         self.totals = totals
         """Each replica's load total (the prefix terms left out)."""
         self.held = held
@@ -228,9 +224,8 @@ class _State:
         self.drained = drained
         """The positions of the draining replicas."""
         self.nan = math.isnan(sum(totals))
-        """Whether a total is NaN (a view built unchecked): then no heap orders them."""
-        self.heap: list[tuple[float, int]] | None = None
-        """``(-total, position)`` of the replicas not in ``held`` (None: not made)."""
+        """Whether a total is NaN (a view built unchecked): then the general rule orders
+        them."""
 
 
 class FusedTotals:
@@ -245,6 +240,7 @@ class FusedTotals:
         "_load",
         "_lock",
         "_minmax",
+        "_plan_cache",
         "_prefix",
         "_reads",
         "_state",
@@ -276,6 +272,7 @@ class FusedTotals:
         self._reads = (bool(codes & {_QUEUE, _REQUESTS}), _REQUESTS in codes, _KV in codes)
         """Whether a total reads each of ``waiting``, ``running`` and ``kv_usage``."""
         self._state: _State | None = None
+        self._plan_cache: dict[tuple[tuple[int, int], ...], tuple[Total, Total, Totals]] = {}
         self._lock = threading.Lock()
         self._live: FusedTotals | None = None  # decides among the live views while some drain
 
@@ -306,25 +303,7 @@ class FusedTotals:
                         self._update(state, last, views, changed)
             if state.drained:
                 return self._pick(state, hashes, views)
-            heap = state.heap
-            if heap is None or state.nan:
-                return self._decide(state, hashes, views)
-            # The heap's top, once stale entries are dropped, is the first of the highest
-            # load totals of the replicas reporting no blocks; those reporting some compete
-            # with their own totals.
-            totals, held = state.totals, state.held
-            while heap:
-                neg, i = heap[0]
-                if totals[i] == -neg and i not in held:
-                    break
-                heappop(heap)
-            best_total, best = (-heap[0][0], heap[0][1]) if heap else (-math.inf, len(views))
-            plan = state.plan
-            for i in held:
-                t = plan(views[i], hashes) if hashes else totals[i]
-                if t > best_total or (t == best_total and i < best):
-                    best_total, best = t, i
-            return best
+            return self._decide(state, hashes, views)
         except BaseException:
             self._state = None  # half updated: read every view again next time
             raise
@@ -345,10 +324,14 @@ class FusedTotals:
             among = self._live = FusedTotals(self._terms)
         return live[among.best(hashes, tuple([views[i] for i in live]))]
 
-    def _plans(self, spans: tuple[tuple[int, int], ...]) -> tuple[Total, Total]:
+    def _plans(self, spans: tuple[tuple[int, int], ...]) -> tuple[Total, Total, Totals]:
         """A replica's total with every scorer's terms under ``spans`` (a min-max scorer
-        over equal values is the constant ``weight * 1.0``), and with the load scorers'
-        alone."""
+        over equal values is the constant ``weight * 1.0``), with the load scorers' alone,
+        and every replica's load total; kept per ``spans`` (the columns' extremes come
+        back: a fleet's busiest replica gains and loses a request)."""
+        cached = self._plan_cache.get(spans)
+        if cached is not None:
+            return cached
         terms: list[_Term] = []
         for code, weight, credit, si in self._steps:
             if si >= 0:
@@ -359,12 +342,15 @@ class FusedTotals:
                     terms.append((_CONST, weight * 1.0, 0, 0, None))
             else:
                 terms.append((code, weight, 0, 0, credit))
-        load = [t for t in terms if t[0] != _PREFIX]
-        return _compiled(_folded(terms)), _compiled(_folded(load))
+        plan, _ = _compiled(_folded(terms))
+        load, load_all = _compiled(_folded([t for t in terms if t[0] != _PREFIX]))
+        if len(self._plan_cache) >= _PLANS_KEPT:
+            self._plan_cache.clear()
+        out = self._plan_cache[spans] = (plan, load, load_all)
+        return out
 
     def _fresh(self, views: Sequence[ReplicaView]) -> _State:
-        """The state of ``views`` read afresh (no heap: made once views change in a few
-        places)."""
+        """The state of ``views`` read afresh."""
         values = [
             [r.waiting for r in views] if code == _QUEUE else [r.running + r.waiting for r in views]
             for code in self._minmax
@@ -375,8 +361,9 @@ class FusedTotals:
         if self._prefix:
             held = set(compress(range(len(views)), [r.prefix_blocks for r in views]))
         drained = set(compress(range(len(views)), [r.draining for r in views]))
-        totals = self._load_totals(views, values, spans)
-        return _State(views, values, bounds, spans, self._plans(spans), totals, held, drained)
+        plans = self._plans(spans)
+        totals = plans[2](views, ())
+        return _State(views, values, bounds, spans, plans, totals, held, drained)
 
     def _update(
         self,
@@ -403,14 +390,10 @@ class FusedTotals:
                 and (not reads_running or r.running == o.running)
                 and (not reads_kv or r.kv_usage == o.kv_usage)
             ):
-                if _track(i, r, drained, held if prefix else None) and state.heap is not None:
-                    heappush(state.heap, (-state.totals[i], i))  # back among the heap's
+                _track(i, r, drained, held if prefix else None)
             else:
                 moved.append(i)
         if not moved:
-            heap = state.heap
-            if not state.nan and (heap is None or len(heap) > 2 * len(views) + 8):
-                state.heap = _heap(state.totals, held)
             return
         changed = moved
         spans = state.spans
@@ -438,42 +421,30 @@ class FusedTotals:
                 rebound = True
         if rebound:
             spans = tuple([(high, high - low) for low, high in state.bounds])
-        if spans != state.spans:  # every total moves: summed again, the heap made again
+        if spans != state.spans:  # every total moves: summed again
             state.spans = spans
-            state.plan, state.load = self._plans(spans)
+            state.plan, state.load, state.load_all = self._plans(spans)
             for i in changed:
                 _track(i, views[i], drained, held if prefix else None)
-            state.totals = self._load_totals(views, state.values, spans)
+            state.totals = state.load_all(views, ())
             state.nan = math.isnan(sum(state.totals))
-            state.heap = None if state.nan else _heap(state.totals, held)
             return
-        totals, heap, load = state.totals, state.heap, state.load
+        totals, load = state.totals, state.load
         nan = state.nan
-        if nan:
-            heap = None
         for i in changed:
             r = views[i]
-            # back: whether it stopped reporting blocks
-            back = _track(i, r, drained, held if prefix else None)
+            _track(i, r, drained, held if prefix else None)
             t = load(r, ())  # the load total: the prefix terms left out
             if t != totals[i]:
                 totals[i] = t
-                if t != t:
-                    nan = True
-                    heap = None
-                elif heap is not None and i not in held:
-                    heappush(heap, (-t, i))
-            elif back and heap is not None:
-                heappush(heap, (-t, i))
-        if nan:
+                nan = nan or t != t
+        if state.nan:  # a NaN total may have been replaced
             nan = math.isnan(sum(totals))
-        if not nan and (heap is None or len(heap) > 2 * len(views) + 8):
-            heap = _heap(totals, held)
-        state.nan, state.heap = nan, heap
+        state.nan = nan
 
     def _decide(self, state: _State, hashes: tuple[int, ...], views: Sequence[ReplicaView]) -> int:
         """The first of the highest totals of ``state`` (``views``'s, none draining) for
-        ``hashes``, every total at once (no heap, or a NaN total)."""
+        ``hashes``, every total at once."""
         totals, held = state.totals, state.held
         out = totals
         if held and hashes:
@@ -483,43 +454,3 @@ class FusedTotals:
         if state.nan:  # the general rule
             return max(range(len(out)), key=lambda i: (out[i], -i))
         return out.index(max(out))  # the first of the highest
-
-    def _load_totals(
-        self,
-        views: Sequence[ReplicaView],
-        values: list[list[int]],
-        spans: tuple[tuple[int, int], ...],
-    ) -> list[float]:
-        """Every replica's load total, a column at a time (a column of equal values is one
-        product, added to each total)."""
-        totals: list[float] | None = None
-        base: float | None = None  # every total while each column so far held equal values
-        for code, weight, _, si in self._load:
-            if code == _KV:
-                usage = [r.kv_usage for r in views]
-                if totals is not None:
-                    totals = [t + weight * (1.0 - u) for t, u in zip(totals, usage, strict=True)]
-                elif base is not None:
-                    totals = [base + weight * (1.0 - u) for u in usage]
-                else:
-                    totals = [weight * (1.0 - u) for u in usage]
-                continue
-            col = values[si]
-            high, span = spans[si]
-            if not span:  # all equal: 1 for every replica
-                term = weight * 1.0
-                if totals is not None:
-                    totals = [t + term for t in totals]
-                else:
-                    base = term if base is None else base + term
-            elif totals is not None:
-                totals = [
-                    t + weight * ((high - v) / span) for t, v in zip(totals, col, strict=True)
-                ]
-            elif base is not None:
-                totals = [base + weight * ((high - v) / span) for v in col]
-            else:
-                totals = [weight * ((high - v) / span) for v in col]
-        if totals is None:
-            return [0.0 if base is None else base] * len(views)
-        return totals

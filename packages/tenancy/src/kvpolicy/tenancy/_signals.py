@@ -155,6 +155,12 @@ def load_view(
     """The load the router sees: a fresh scrape joined with the gateway's own counts, or
     those counts alone when the scrape is stale (older than ``max_age_s``) or missing.
 
+    Requests the gateway sent that no fresh scrape has seen running count as waiting, so
+    without one every request in flight is waiting: the queue is then the gateway's own
+    count, and a router scoring queues (llm-d's default weights: prefix, queue, KV) still
+    spreads new prompts by it, where counting them as running would leave every backend
+    tied and send each new prompt to the first one.
+
     Args:
         in_flight: requests this gateway has on the backend now.
         in_flight_tokens: their prompt and output tokens (charged bounds).
@@ -168,7 +174,7 @@ def load_view(
     if kv_capacity_tokens:
         own_usage = min(1.0, in_flight_tokens / kv_capacity_tokens)
     if scraped is None or not scrape_age_s <= max_age_s:
-        return LoadSignals(in_flight, 0, own_usage, 0.0, False)
+        return LoadSignals(0, in_flight, own_usage, 0.0, False)
     outstanding = max(scraped.running + scraped.waiting, in_flight)
     running = min(scraped.running, outstanding)
     usage = own_usage if scraped.kv_usage is None else scraped.kv_usage
