@@ -237,7 +237,6 @@ class FusedTotals:
 
     __slots__ = (
         "_live",
-        "_load",
         "_lock",
         "_minmax",
         "_plan_cache",
@@ -265,7 +264,6 @@ class FusedTotals:
                 minmax.append(code)
             steps.append((code, w, credit, si))
         self._steps = tuple(steps)
-        self._load = tuple(step for step in steps if step[0] != _PREFIX)
         self._minmax = tuple(minmax)
         self._prefix = any(step[0] == _PREFIX for step in steps)
         codes = {step[0] for step in steps}
