@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -184,6 +187,22 @@ class TestPrefixCache:
         h2 = chain_block_hashes([9, 2, 3, 4, 5, 6, 7, 8], 4)
         assert h1[1] != h2[1]
         assert chain_block_hashes([1, 2, 3], 4) == ()
+
+    def test_chain_hashes_agree_between_processes(self) -> None:
+        """Two processes name the same prompt's blocks alike (no hash of an object's
+        address in the chain), so hashes saved by one are found by another."""
+        code = (
+            "from kvpolicy.kvmodel import chain_block_hashes;"
+            "print(list(chain_block_hashes(list(range(12)), 4)))"
+        )
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        runs = [
+            subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+            ).stdout
+            for _ in range(2)
+        ]
+        assert runs[0] == runs[1] == f"{list(chain_block_hashes(list(range(12)), 4))}\n"
 
 
 class TestTruncate:

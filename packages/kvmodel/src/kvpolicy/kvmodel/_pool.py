@@ -27,19 +27,26 @@ from kvpolicy.kvmodel._errors import BlockPoolError
 
 __all__ = ["Allocation", "BlockPool", "PoolStats", "chain_block_hashes", "rechunk_hashes"]
 
+_ROOT = 0x6B76706F6C696379
+"""The parent of a prompt's first block (``b"kvpolicy"`` as an int). An int, not None:
+``hash(None)`` is the object's address in Python 3.11, different in every process, so hashes
+chained from it would not agree between two processes (a saved workload and the run reading
+it, a gateway and its backends); a tuple of ints hashes the same everywhere."""
+
 
 def chain_block_hashes(
     token_ids: Sequence[int], block_size: int, parent: int | None = None
 ) -> tuple[int, ...]:
     """Chained hashes of the full blocks of ``token_ids``.
 
-    Block ``i``'s hash covers its tokens and the hash of block ``i - 1``, so equal hashes
-    mean equal prefixes. A trailing partial block gets no hash.
+    Block ``i``'s hash covers its tokens and the hash of block ``i - 1`` (of a fixed root
+    for the first block, without ``parent``), so equal hashes mean equal prefixes, in every
+    process alike (the token ids are ints). A trailing partial block gets no hash.
     """
     if block_size <= 0:
         raise ValueError(f"'block_size' must be > 0: {block_size}")
     hashes: list[int] = []
-    prev = parent
+    prev = _ROOT if parent is None else parent
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         prev = hash((prev, tuple(token_ids[start : start + block_size])))
         hashes.append(prev)
