@@ -71,6 +71,10 @@ class TestSLOCapacity:
         saturated = server_capacity(tm, engine, cap, 1261.0, 1517.0)
         assert 0.8 * saturated < at.tokens_per_s < 1.2 * saturated
         assert at.concurrency == int(at.tokens_per_s * at.service_s / (1261 + 1517))
+        # The KV its requests hold at that load: min(load, batch) slots of P + D/2 tokens.
+        slots = min(at.concurrency, at.batch)
+        assert at.kv_fill == pytest.approx(slots * (1261 + 1517 / 2) / cap)
+        assert 0.0 < at.kv_fill < 1.0
 
     def test_varied_lengths_hold_more_kv_per_slot(self) -> None:
         """A long request holds more KV for longer: 100 and 3,000 output tokens of 1,000
@@ -149,3 +153,18 @@ class TestAutoscalersAreSized:
         scaler = fleet_parts(reqs, model, gpu, pool_cfg, None, None, 0)[2]
         assert scaler.replica == sized["replica"]
         assert scaler.replica.tokens_per_s == sized["per_replica_tokens_per_s"]
+        # The KV dimension sizes by the share of the KV its requests hold at that rate.
+        assert scaler.kv_fill == sized["kv_fill"]
+        fill = sized["kv_fill"]
+        assert isinstance(fill, float)
+        assert 0.0 < fill <= 1.0
+        filled = attrs.evolve(
+            pool_cfg,
+            fleet=FleetConfig(
+                2,
+                autoscaler=PolicyChoice(
+                    "token-pool", {"pool": pool, "max_replicas": 4, "kv_fill": 0.5}
+                ),
+            ),
+        )
+        assert fleet_parts(reqs, model, gpu, filled, None, None, 0)[2].kv_fill == 0.5

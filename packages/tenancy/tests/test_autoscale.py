@@ -152,6 +152,21 @@ class TestTokenPoolAutoscaler:
         busy = FleetView(0.0, up=_up(3, running=4, waiting=1), queued=5)
         assert scaler.target(busy) == 5
 
+    def test_kv_fill_sizes_by_the_kv_a_replica_holds_at_the_slo(
+        self, small_pool: TokenPool
+    ) -> None:
+        """With ``kv_fill`` 0.8 a replica counts for 320 kB of its 400 kB: 3 replicas 90%
+        full hold 1.08 MB, which asks for 4 of them (3 at the whole KV); the KV in use is
+        still read as a share of all 400 kB."""
+        kv_bound = FleetView(0.0, up=_up(3, kv_usage=0.9))
+        assert TokenPoolAutoscaler(small_pool, REPLICA).target(kv_bound) == 3
+        filled = TokenPoolAutoscaler(small_pool, REPLICA, kv_fill=0.8)
+        assert filled.observed(kv_bound) == (0.0, 1_080_000.0, 0)
+        assert filled.target(kv_bound) == 4
+        built = TokenPoolAutoscaler.for_pool(small_pool, REPLICA, kv_fill=0.8)
+        assert built.kv_fill == 0.8
+        assert built.target(kv_bound) == 4
+
     def test_bounds(self, small_pool: TokenPool) -> None:
         """The target stays within [min_replicas, max_replicas]."""
         scaler = TokenPoolAutoscaler(small_pool, REPLICA, min_replicas=3, max_replicas=4)
@@ -181,6 +196,9 @@ class TestTokenPoolAutoscaler:
                 r"'min_replicas' must be <= 'max_replicas' \(2\): 3",
             ),
             ({"replica": 100}, TypeError, "'replica' must be <class"),
+            ({"kv_fill": 0.0}, ValueError, r"'kv_fill' must be in \(0, 1\]: 0\.0"),
+            ({"kv_fill": 1.5}, ValueError, r"'kv_fill' must be in \(0, 1\]: 1\.5"),
+            ({"kv_fill": float("nan")}, ValueError, r"'kv_fill' must be in \(0, 1\]: nan"),
         ],
     )
     def test_bad_config(

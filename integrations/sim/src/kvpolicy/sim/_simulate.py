@@ -202,9 +202,10 @@ def autoscaler_sizing(
     """What an autoscaler sizes one replica by, from the time model at the stack's SLO
     (:func:`~kvpolicy.sim._sizing.slo_capacity` for the workload's typical lengths, the
     longest 1% aside, each slot holding the KV its requests hold over their time in it):
-    ``per_replica_tokens_per_s`` (the planner's) and ``replica`` (the token pool's
-    tokens/s, KV bytes and concurrency), given to an autoscaler that accepts them when the
-    stack file does not set them."""
+    ``per_replica_tokens_per_s`` (the planner's), ``replica`` (the token pool's
+    tokens/s, KV bytes and concurrency) and ``kv_fill`` (the share of the KV bytes its
+    requests hold at that rate, the token pool's KV dimension), given to an autoscaler that
+    accepts them when the stack file does not set them."""
     capacity = pool_capacity_tokens(timing, cfg.engine)
     limit = min(timing.model.max_context, capacity)
     prompt, output = _typical_lengths(requests, limit)
@@ -223,6 +224,7 @@ def autoscaler_sizing(
             kv_bytes=capacity * timing.model.kv_bytes_per_token(),
             concurrency=at_slo.concurrency,
         ),
+        "kv_fill": at_slo.kv_fill,
     }
 
 

@@ -15,7 +15,10 @@ iterations), so the rate at the SLO is:
   longer for a slot than its TTFT budget (the target less its prefill and first
   iteration) is at most ``miss``: Erlang C's ``C(B, a) · exp(-(B - a) · t / S)``, with
   ``S`` the time a request holds its slot, its ``D`` iterations;
-- tokens per second ``a / S · (P + D)``.
+- tokens per second ``a / S · (P + D)``;
+- the share of the KV pool held at that load: ``min(a, B)`` slots' KV over the pool (what
+  the token pool's KV dimension sizes a replica by: a pool filled to the last block
+  preempts and queues).
 
 These are a model's figures (Poisson arrivals, exponential holding times); the runs
 measure what they give.
@@ -113,6 +116,9 @@ class SLOCapacity:
     """Slots: sequences it runs at once within the TPOT target and its KV pool."""
     service_s: float
     """Seconds a request of the mean lengths holds its slot."""
+    kv_fill: float = 1.0
+    """The share of the KV pool its requests hold at that rate: those running (the load, at
+    most the batch) times the KV a slot holds, over the pool (at most 1)."""
 
 
 def slo_capacity(
@@ -159,11 +165,13 @@ def slo_capacity(
     # the saturation rate, and the rate at the SLO that times the load the queue bears.
     service = d * step
     load = slo_load(batch, service, slo.ttft_s - prefill - step, miss)
+    concurrency = max(1, int(load))
     return SLOCapacity(
         tokens_per_s=load / service * (p + d),
-        concurrency=max(1, int(load)),
+        concurrency=concurrency,
         batch=batch,
         service_s=service,
+        kv_fill=min(1.0, min(concurrency, batch) * per_slot / max(capacity_tokens, 1)),
     )
 
 

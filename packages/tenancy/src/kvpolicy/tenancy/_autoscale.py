@@ -39,6 +39,11 @@ def _decay(_inst: object, attribute: attrs.Attribute[float], value: float) -> No
         raise ValueError(f"'{attribute.name}' must be in [0, 1): {value!r}")
 
 
+def _share(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (0.0 < value <= 1.0):
+        raise ValueError(f"'{attribute.name}' must be in (0, 1]: {value!r}")
+
+
 def _seconds(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"'{attribute.name}' must be finite and >= 0: {value!r}")
@@ -66,7 +71,10 @@ class TokenPoolAutoscaler:
     (the largest of the decisions within ``stabilisation_s``), clamped to
     ``[min_replicas, max_replicas]``. With ``measured``, one replica's tokens/s and
     concurrency are the larger of ``replica``'s and what the replicas online were seen to
-    carry within the SLO (:class:`MeasuredReplica`).
+    carry within the SLO (:class:`MeasuredReplica`). A replica counts for ``kv_fill`` of
+    its KV bytes in the KV dimension (the share its requests hold at its rate at the SLO:
+    a pool filled to the last block preempts and queues), while the KV in use is read as a
+    share of all of it.
     """
 
     pool: TokenPool = field(validator=instance_of(TokenPool))
@@ -92,6 +100,11 @@ class TokenPoolAutoscaler:
     )
     """Measures one replica's rate at the SLO on the fleet (``replica`` bounds it from
     below); None: ``replica`` as given."""
+    kv_fill: float = field(default=1.0, converter=float, validator=_share)
+    """The share of a replica's KV bytes the KV dimension sizes by: what its requests hold
+    at its rate at the SLO (in (0, 1]; 1: the whole KV cache). The simulator gives the time
+    model's (:func:`kvpolicy.sim.autoscaler_sizing`: the SLO's requests in flight times
+    the KV a request holds over its time in the batch, over the pool)."""
     _history: deque[tuple[float, int]] = field(init=False, factory=deque, eq=False, repr=False)
     _smoothed: list[float] = field(init=False, factory=list, eq=False, repr=False)
 
@@ -114,6 +127,7 @@ class TokenPoolAutoscaler:
         measure_rate: bool = False,
         saturation: Resources | Mapping[str, Any] | None = None,
         queue_budget_s: float = 0.0,
+        kv_fill: float = 1.0,
         *,
         context: ServerContext | None = None,
     ) -> TokenPoolAutoscaler:
@@ -127,7 +141,8 @@ class TokenPoolAutoscaler:
         sustained with no request waiting), between ``replica``'s and ``saturation``'s (given
         as ``replica`` is, or the server of ``context`` at saturation: its tokens/s and
         batch size), a decision's load counting with requests waiting for at most
-        ``queue_budget_s`` by Little's law (:attr:`MeasuredReplica.queue_budget_s`).
+        ``queue_budget_s`` by Little's law (:attr:`MeasuredReplica.queue_budget_s`);
+        ``kv_fill`` is :attr:`kv_fill`.
 
         Raises:
             ValueError: neither ``replica`` nor ``context`` is given, or ``measure_rate``
@@ -163,7 +178,14 @@ class TokenPoolAutoscaler:
                 )
             measured = MeasuredReplica(saturation, queue_budget_s)
         return cls(
-            pool, replica, min_replicas, max_replicas, stabilisation_s, burst_decay, measured
+            pool,
+            replica,
+            min_replicas,
+            max_replicas,
+            stabilisation_s,
+            burst_decay,
+            measured,
+            kv_fill,
         )
 
     @property
@@ -214,7 +236,7 @@ class TokenPoolAutoscaler:
         if self.measured is not None:
             self.measured.observe(fleet)
         replica = self.capacity
-        capacity = (replica.tokens_per_s, replica.kv_bytes, replica.concurrency)
+        capacity = (replica.tokens_per_s, replica.kv_bytes * self.kv_fill, replica.concurrency)
         signals = list(self._signals(fleet))
         smoothed = self._smoothed
         if smoothed:
