@@ -21,6 +21,7 @@ from attrs.validators import instance_of
 
 from kvpolicy.kvmodel import FleetView, ServerContext
 from kvpolicy.tenancy._entitlements import Resources, TokenPool
+from kvpolicy.tenancy._gate import _fraction
 from kvpolicy.tenancy._manifest import _resources, load_manifest
 from kvpolicy.tenancy._measured import MeasuredReplica
 
@@ -37,11 +38,6 @@ def _replicas(_inst: object, attribute: attrs.Attribute[int], value: int) -> Non
 def _decay(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not (0.0 <= value < 1.0):
         raise ValueError(f"'{attribute.name}' must be in [0, 1): {value!r}")
-
-
-def _share(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (0.0 < value <= 1.0):
-        raise ValueError(f"'{attribute.name}' must be in (0, 1]: {value!r}")
 
 
 def _seconds(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -100,7 +96,7 @@ class TokenPoolAutoscaler:
     )
     """Measures one replica's rate at the SLO on the fleet (``replica`` bounds it from
     below); None: ``replica`` as given."""
-    kv_fill: float = field(default=1.0, converter=float, validator=_share)
+    kv_fill: float = field(default=1.0, converter=float, validator=_fraction)
     """The share of a replica's KV bytes the KV dimension sizes by: what its requests hold
     at its rate at the SLO (in (0, 1]; 1: the whole KV cache). The simulator gives the time
     model's (:func:`kvpolicy.sim.autoscaler_sizing`: the SLO's requests in flight times
