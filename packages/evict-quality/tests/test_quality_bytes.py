@@ -255,14 +255,35 @@ class TestLabelsAndRows:
             ("token-pd:precision=4:precisions=16+4", "not both"),
             ("token-pd:precisions=16+3", "among"),
             ("h2o:loss_scale=2", "loss_scale needs precisions"),
-            ("full:memory=3", "only precision, group_size and key_axis"),
+            ("full:memory=3", "only precision, group_size, key_axis and window"),
             ("h2o:group_size=0", "'group_size' must be an int >= 1"),
+            ("full:window=8", "window needs precision=B with keys per token"),
+            ("full:precision=4:key_axis=channel:window=8", "window needs precision=B"),
+            ("token-pd:precisions=16+8+4:window=8", "window needs precision=B"),
+            ("full:precision=16:window=8", "'window' = 8 needs precision=B below 16"),
+            ("h2o:precision=4:window=-1", "'window' must be an int >= 0: -1"),
         ],
     )
     def test_bad_labels_are_named(self, lm: CausalLM, label: str, match: str) -> None:
         """Bad combinations of precision params are a ValueError naming them."""
         with pytest.raises(ValueError, match=match):
             demoting_factory(label, layer_spec(lm))
+
+    def test_window_label_builds_a_sliding_residual(self, lm: CausalLM) -> None:
+        """``window=W`` with ``precision=B`` gives the uniform policy a 16-bit window of W
+        newest tokens with keys per token (a ``residual`` of 0)."""
+        from kvpolicy.evict import UniformPrecision
+
+        factory, _, _ = demoting_factory("h2o:precision=4:window=16", layer_spec(lm))
+        assert factory is not None
+        policy = factory(1e6)
+        assert isinstance(policy, UniformPrecision)
+        assert (policy.bits, policy.window, policy.residual, policy.key_axis) == (
+            4,
+            16,
+            0,
+            "token",
+        )
 
     def test_precision_params_need_bytes(self) -> None:
         """A precision param under a token budget is refused."""

@@ -94,7 +94,7 @@ class TestPolicyLabels:
         [
             ("token-pd:num_sink", "must be KEY=VALUE: 'num_sink'"),
             ("token-pd:num_sink=x", "must be a number, a bool, token or channel: 'num_sink=x'"),
-            ("full:num_sink=1", "full takes only precision, group_size and key_axis"),
+            ("full:num_sink=1", "full takes only precision, group_size, key_axis and window"),
             ("lfu", "must be one of"),
         ],
     )

@@ -37,6 +37,9 @@ DEMOTING: dict[str, Callable[[], DemotingPolicy]] = {
     "uniform(h2o, 4, residual 4)": lambda: UniformPrecision(
         H2OPolicy(recent_window=2), bits=4, residual=4
     ),
+    "uniform(h2o, 4, window 3)": lambda: UniformPrecision(
+        H2OPolicy(recent_window=2), bits=4, window=3
+    ),
     "uniform(token-pd, 2, residual 3)": lambda: UniformPrecision(
         TokenPDMixed(), bits=2, residual=3
     ),
@@ -268,6 +271,49 @@ class TestUniformPrecision:
         assert with_residual.resident_tokens() < 12
         assert with_residual.resident_bytes() <= budget
         assert plain.key_axis == "token"
+
+    def test_window_keeps_the_newest_at_16_bits_and_slides(self) -> None:
+        """With a window of W, the newest W tokens of each stream stay at 16 bits and each
+        older one is demoted alone, at the allocate after the one that pushed it out."""
+        w = 3
+        p = UniformPrecision(FIFOPolicy(), bits=4, window=w)
+        assert (p.window, p.residual, p.key_axis) == (w, 0, "token")
+        demoted: list[list[int]] = []
+        for t in range(10):
+            p.insert("s", np.array([t], dtype=np.int64))
+            got = p.allocate(1e9).get("s")
+            if got is not None:
+                assert set(got[1].tolist()) == {4}
+                demoted.append(got[0].tolist())
+            held_16 = min(t + 1, w)
+            assert p.resident_bytes() == (t + 1 - held_16) * C4 + held_16 * C16
+        assert demoted == [[i] for i in range(10 - w)]
+
+    def test_window_counts_its_16_bit_tokens_in_the_budget(self) -> None:
+        """The window is paid for at 16 bits: never over the budget, fewer tokens held
+        than without it, and each stream keeps its own newest tokens."""
+        budget = 20 * C4
+        with_window = UniformPrecision(FIFOPolicy(), bits=4, window=2)
+        plain = UniformPrecision(FIFOPolicy(), bits=4)
+        for p in (plain, with_window):
+            last = _drive(p, steps=41, budget=budget, streams=2)[-1]
+            assert p.resident_bytes() <= budget
+        for held in last.values():  # the windowed policy's last step
+            assert [held[t] for t in (39, 40)] == [16, 16]
+            assert {b for t, b in held.items() if t < 39} == {4}
+        assert plain.resident_tokens() == 20
+        assert with_window.resident_tokens() < 20
+        assert with_window.resident_tokens() * C4 + 4 * (C16 - C4) <= budget
+
+    def test_bad_window(self) -> None:
+        """A negative, non-int or 16-bit window, or one beside a residual, is refused."""
+        for bad in (-1, 2.0, True):
+            with pytest.raises(ValueError, match="'window' must be an int >= 0"):
+                UniformPrecision(FIFOPolicy(), 4, window=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="'window' = 4 needs bits below 16"):
+            UniformPrecision(FIFOPolicy(), 16, window=4)
+        with pytest.raises(ValueError, match="give 'residual' or 'window', not both"):
+            UniformPrecision(FIFOPolicy(), 4, residual=4, window=4)
 
     def test_bad_residual(self) -> None:
         """A negative, non-int or 16-bit residual is refused, naming the field."""

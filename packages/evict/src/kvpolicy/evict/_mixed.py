@@ -93,17 +93,25 @@ class UniformPrecision:
     group; between 0 and ``G - 1`` tokens stay at 16 bits, and the budget counts them at
     16 bits (:attr:`key_axis` is then ``"channel"``).
 
+    With ``window = W > 0`` (keys per token), the newest ``W`` tokens of each stream stay at
+    16 bits, a full-precision residual that slides: a token is demoted once ``W`` newer
+    ones are resident, one at a time, and the budget counts the window at 16 bits. The
+    newest tokens are the ones a query attends most, so their quantization error costs
+    most; this is the residual alone, without KIVI's per-channel groups.
+
     Args:
         policy: the eviction policy (it decides which tokens go).
         bits: the precision every token is held at (16, 8, 4 or 2).
         costs: bytes per token at 16 bits and at ``bits`` (:data:`DEFAULT_COSTS` when None).
         residual: tokens demoted together, 0 for one at a time (each at its first
             allocate).
+        window: newest tokens per stream kept at 16 bits (0: none), demoted one at a time
+            as they leave it; not with ``residual``.
 
     Raises:
         TypeError: ``policy`` is not an EvictionPolicy.
-        ValueError: ``bits`` unsupported or without a cost, or ``residual`` negative, not
-            an int, or set with 16 bits.
+        ValueError: ``bits`` unsupported or without a cost, or ``residual`` or ``window``
+            negative, not an int, or set with 16 bits, or both set.
     """
 
     def __init__(
@@ -113,14 +121,21 @@ class UniformPrecision:
         costs: PrecisionCosts | None = None,
         *,
         residual: int = 0,
+        window: int = 0,
     ) -> None:
         if not isinstance(policy, EvictionPolicy):
             raise TypeError(f"'policy' must be an EvictionPolicy: {policy!r}")
-        if isinstance(residual, bool) or not isinstance(residual, int) or residual < 0:
-            raise ValueError(f"'residual' must be an int >= 0: {residual!r}")
+        for name, value in (("residual", residual), ("window", window)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"'{name}' must be an int >= 0: {value!r}")
         (b,) = check_precisions([bits])
-        if residual and b == 16:
-            raise ValueError(f"'residual' = {residual} needs bits below 16: bits = {b}")
+        for name, value in (("residual", residual), ("window", window)):
+            if value and b == 16:
+                raise ValueError(f"'{name}' = {value} needs bits below 16: bits = {b}")
+        if residual and window:
+            raise ValueError(
+                f"give 'residual' or 'window', not both: residual = {residual}, window = {window}"
+            )
         cst = DEFAULT_COSTS if costs is None else costs
         if not isinstance(cst, PrecisionCosts):
             raise TypeError(f"'costs' must be PrecisionCosts: {costs!r}")
@@ -131,6 +146,7 @@ class UniformPrecision:
         self._bits = b
         self._costs = cst
         self._residual = residual
+        self._window = window
         # Tokens still at 16 bits (inserted since the last allocate), per stream.
         self._pending: dict[str, NDArray[np.int64]] = {}
 
@@ -153,6 +169,11 @@ class UniformPrecision:
     def residual(self) -> int:
         """Tokens demoted together (0: each at its first allocate)."""
         return self._residual
+
+    @property
+    def window(self) -> int:
+        """Newest tokens per stream kept at 16 bits (0: none)."""
+        return self._window
 
     @property
     def key_axis(self) -> str:
@@ -194,17 +215,18 @@ class UniformPrecision:
     def allocate(self, budget_bytes: float) -> StateChanges:
         """Evict through the base policy to ``floor(budget_bytes / cost(bits))`` tokens, then
         demote every token still at 16 bits to ``bits`` (with a residual: the oldest
-        whole groups of :attr:`residual` waiting tokens, evicting further while the ones
-        left at 16 bits would overrun the budget)."""
+        whole groups of :attr:`residual` waiting tokens; with a window: all but the
+        newest :attr:`window` of each stream; evicting further while the ones left at 16
+        bits would overrun the budget)."""
         budget = _check_budget_bytes(budget_bytes)
         per = self._costs.token_bytes[self._bits]
         evicted = self.evict(int(budget // per))
         out: dict[str, tuple[list[NDArray[np.int64]], list[NDArray[np.int64]]]] = {}
         _add(out, evicted, 0)
-        if self._residual:
+        if self._residual or self._window:
             extra = self._costs.token_bytes[16] - per
             while True:
-                left = sum(p.size % self._residual for p in self._pending.values())
+                left = sum(self._kept(p.size) for p in self._pending.values())
                 tokens = self._base.resident_tokens()
                 if (tokens - left) * per + left * (per + extra) <= budget or tokens == 0:
                     break
@@ -217,13 +239,19 @@ class UniformPrecision:
         else:
             demote: dict[str, NDArray[np.int64]] = {}
             for stream, pos in self._pending.items():
-                take = pos.size - pos.size % self._residual if self._residual else pos.size
+                take = pos.size - self._kept(pos.size)
                 if take:
                     demote[stream] = pos[:take]
                     self._pending[stream] = pos[take:]
             _add(out, demote, self._bits)
         self._pending = {s: p for s, p in self._pending.items() if p.size}
         return _merge(out)
+
+    def _kept(self, waiting: int) -> int:
+        """How many of a stream's ``waiting`` tokens at 16 bits stay there this allocate."""
+        if self._residual:
+            return waiting % self._residual
+        return min(waiting, self._window)
 
     def resident_bytes(self) -> float:
         """Tokens at ``bits`` times their cost, plus those still at 16 bits."""

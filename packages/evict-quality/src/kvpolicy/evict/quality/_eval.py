@@ -40,7 +40,7 @@ __all__ = [
 FULL = "full"
 """Name of the no-eviction baseline (the full KV cache)."""
 
-BYTES_PARAMS = ("precision", "precisions", "group_size", "loss_scale", "key_axis")
+BYTES_PARAMS = ("precision", "precisions", "group_size", "loss_scale", "key_axis", "window")
 """Label params of a run under a budget in bytes (:func:`demoting_factory`), not of the
 policy: ``precision=B`` holds every token at ``B`` bits (any policy, and ``full``: uniform
 quantization); ``precisions=16+8+4`` lets Token-PD choose among those precisions per token
@@ -50,7 +50,9 @@ the channels per quantization group (32 when not given); ``key_axis=channel`` wi
 layout: the newest tokens wait at 16 bits until a group is whole), and with
 ``precisions`` Token-PD's demotions wait until ``group_size`` tokens of a layer share a
 target precision (:class:`~kvpolicy.evict.GroupedPrecision`); ``token`` (the default)
-per token."""
+per token; ``window=W`` with ``precision=B`` (keys per token) keeps the newest ``W``
+tokens of each layer at 16 bits, demoted one at a time as they leave it (a sliding
+full-precision residual, paid for at 16 bits)."""
 
 POLICY_CHOICES: tuple[str, ...] = (
     FULL,
@@ -148,8 +150,10 @@ def parse_policy(label: str) -> tuple[str, dict[str, Any]]:
         if not sep or not key or not raw:
             raise ValueError(f"'policy' parameter must be KEY=VALUE: {part!r} in {label!r}")
         params[key] = _parse_value(raw, part)
-    if name == FULL and set(params) - {"precision", "group_size", "key_axis"}:
-        raise ValueError(f"'policy' full takes only precision, group_size and key_axis: {label!r}")
+    if name == FULL and set(params) - {"precision", "group_size", "key_axis", "window"}:
+        raise ValueError(
+            f"'policy' full takes only precision, group_size, key_axis and window: {label!r}"
+        )
     return name, params
 
 
@@ -284,6 +288,14 @@ def demoting_factory(
         raise ValueError(f"'policy' {name!r}: give precision or precisions, not both")
     if "loss_scale" in extra and "precisions" not in extra:
         raise ValueError(f"'policy' {name!r}: loss_scale needs precisions")
+    window = extra.get("window", 0)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"'window' must be an int >= 0: {window!r} in {name!r}")
+    if window and ("precision" not in extra or extra.get("key_axis", "token") != "token"):
+        raise ValueError(
+            f"'policy' {name!r}: window needs precision=B with keys per token "
+            "(key_axis=channel has its own residual; precisions choose per token)"
+        )
     axis = extra.get("key_axis", "token")
     if axis not in ("token", "channel"):
         raise ValueError(f"'key_axis' must be token or channel: {axis!r} in {name!r}")
@@ -308,6 +320,8 @@ def demoting_factory(
         return mixed_factory, costs, group
     bits = extra.get("precision", 16)
     (bits,) = check_precisions([bits])
+    if window and bits == 16:
+        raise ValueError(f"'window' = {window} needs precision=B below 16: {name!r}")
     if axis == "channel" and bits == 16:
         raise ValueError(f"'key_axis' = channel needs precision=B below 16: {name!r}")
     costs = PrecisionCosts.of(layer, sorted({16, bits}), group)
@@ -320,7 +334,9 @@ def demoting_factory(
 
     def uniform_factory(budget_bytes: float) -> EvictionPolicy:
         k = max(1, int(budget_bytes // costs.token_bytes[bits]))
-        return UniformPrecision(inner(k), bits, costs, residual=group if axis == "channel" else 0)
+        return UniformPrecision(
+            inner(k), bits, costs, residual=group if axis == "channel" else 0, window=window
+        )
 
     return uniform_factory, costs, group
 
