@@ -147,6 +147,33 @@ class TestMixed:
         last = out.logits[-1][0]
         assert float((last - ref.logits[0, -1]).abs().max()) > 1e-3
 
+    def test_a_window_keeps_the_newest_tokens_exact(self, peaked_llama: Any) -> None:
+        """``UniformPrecision(..., bits=4, window=3)`` in ``model.generate``: the newest 3
+        tokens of every row are held at 16 bits, DynamicCache's keys and values (up to the
+        float rounding of one token's step against the whole prompt's), and every older one
+        at 4 bits, ``fake_quantize`` of them."""
+        ids = _prompt(4, 10)
+        mixed = _mixed(peaked_llama)
+        cache = PolicyCache(
+            lambda: UniformPrecision(SinkWindowPolicy(), 4, mixed.costs, window=3),
+            budget_bytes=1e6,
+        )
+        with cache.attached(peaked_llama):
+            out = _generate(peaked_llama, cache, ids, max_new_tokens=6)
+        fed = out.sequences[:, :-1]
+        full = DynamicCache(config=peaked_llama.config)
+        with torch.no_grad():
+            peaked_llama(input_ids=fed, cache=full, use_cache=True)
+        layer = cache.policy_layers()[0]
+        assert layer.bits == [[4] * 12 + [16] * 3]
+        for held, raw in ((layer.keys, full.layers[0].keys), (layer.values, full.layers[0].values)):
+            old, new = raw[..., :12, :], raw[..., 12:, :]
+            want = fake_quantize(old.reshape(-1, old.shape[-1]), 4).reshape(old.shape)
+            assert torch.equal(held[..., :12, :], want)
+            assert torch.allclose(held[..., 12:, :], new, rtol=0.0, atol=1e-6)
+            coarse = fake_quantize(new.reshape(-1, new.shape[-1]), 4).reshape(new.shape)
+            assert float((held[..., 12:, :] - coarse).abs().max()) > 1e-3
+
     def test_an_eviction_policy_in_bytes_is_the_same_in_tokens(self, peaked_llama: Any) -> None:
         """H2O under ``budget_bytes = k * (bytes of a 16-bit token)`` runs as
         ``UniformPrecision(H2O, 16)``: the same tokens and residency as ``budget_tokens=k``."""
