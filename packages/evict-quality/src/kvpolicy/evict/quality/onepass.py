@@ -1,0 +1,238 @@
+"""What a quantization layout costs with every token kept, in one pass over a text.
+
+``python -m kvpolicy.evict.quality.onepass --text license,code,docs --tokens 1024 --bits 4
+--key-axis token,channel --window 1,8,32`` runs one teacher-forced forward pass per row in
+which each query reads the keys and values of its newest ``window`` tokens (itself
+included) as the model computed them and every older token's as a quantized cache holds
+them: ``bits``-bit round-to-nearest with fp16 scales and zero points
+(:func:`kvpolicy.evict.fake_quantize`), keys per token (groups of ``group_size`` channels)
+or per channel (groups of ``group_size`` consecutive tokens from position 0, KIVI's layout),
+values per token. Nothing is evicted and no policy runs, so the perplexity against the
+full cache's, with the paired block-bootstrap interval, is the layout's own cost; a 2,048-
+token row takes seconds, against minutes for ``kvpolicy evict eval``'s token-by-token
+decode.
+
+It is not the decode harness: there a token is quantized after the step that wrote it
+(``window`` 1 here), and a per-channel group when its ``group_size`` tokens are all
+written, so its newest 1 to ``group_size`` tokens are at 16 bits (a window that moves in
+steps); here a per-channel group's tokens are quantized as soon as they leave the window.
+Use it to see where quantization error hurts (RESULTS.md, "What int4 loses is the newest
+tokens"), and the harness to rank policies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import pathlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+from numpy.typing import NDArray
+
+from kvpolicy.evict import AXES, QUANT_BITS, fake_quantize
+from kvpolicy.evict.quality._bootstrap import bootstrap_ratio
+from kvpolicy.evict.quality._decode import _register_attention
+from kvpolicy.evict.quality._model import CausalLM
+
+__all__ = ["Layout", "main", "onepass_nll"]
+
+_ATTENTION = "kvpolicy_onepass"
+
+
+@attrs.frozen
+class Layout:
+    """How the keys and values older than the window are held."""
+
+    bits: int = attrs.field(validator=attrs.validators.in_((16, *QUANT_BITS)))
+    """Bits per element (16: as computed, the full cache)."""
+    key_axis: str = attrs.field(default="token", validator=attrs.validators.in_(AXES))
+    """``"token"``: keys per token, groups of channels; ``"channel"``: per channel, groups
+    of consecutive tokens."""
+    window: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int)])
+    """Newest tokens of each query (itself included) read as computed; at least 1."""
+    group_size: int = attrs.field(default=32, validator=attrs.validators.instance_of(int))
+    """Elements per quantization group."""
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.window, bool) or self.window < 1:
+            raise ValueError(f"'window' must be an int >= 1: {self.window!r}")
+        if isinstance(self.group_size, bool) or self.group_size < 1:
+            raise ValueError(f"'group_size' must be an int >= 1: {self.group_size!r}")
+
+    @property
+    def label(self) -> str:
+        """``int4 keys per token, window 32`` and the like (``full`` at 16 bits)."""
+        if self.bits == 16:
+            return "full"
+        return f"int{self.bits} keys per {self.key_axis}, window {self.window}"
+
+
+_ACTIVE: list[Layout] = []
+"""The layout the registered attention applies (the innermost :func:`_applied`)."""
+
+
+def _onepass_attention(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    scaling: float,
+    dropout: float = 0.0,
+    **_kwargs: Any,
+) -> tuple[Any, Any]:
+    """Eager attention whose queries read their window as computed and the rest quantized.
+
+    Args:
+        query: (batch, heads, q, head_dim); key, value: (batch, kv_heads, k, head_dim),
+            the last ``q`` of the ``k`` positions being the queries'.
+    """
+    import torch
+
+    layout = _ACTIVE[-1]
+    groups = query.shape[1] // key.shape[1]
+    k_len, q_len = key.shape[-2], query.shape[-2]
+    k = key.repeat_interleave(groups, dim=1)
+    v = value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, k.transpose(2, 3)) * scaling
+    near = None
+    if layout.bits != 16:
+        kq = fake_quantize(key, layout.bits, layout.group_size, layout.key_axis)
+        vq = fake_quantize(value, layout.bits, layout.group_size, "token")
+        rows = torch.arange(k_len - q_len, k_len).unsqueeze(1)
+        near = (rows - torch.arange(k_len).unsqueeze(0)) < layout.window
+        far_scores = torch.matmul(query, kq.repeat_interleave(groups, dim=1).transpose(2, 3))
+        scores = torch.where(near, scores, far_scores * scaling)
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., :k_len]
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if near is None:
+        out = torch.matmul(weights, v)
+    else:
+        far_v = vq.repeat_interleave(groups, dim=1)
+        out = torch.matmul(weights * near, v) + torch.matmul(weights * ~near, far_v)
+    return out.transpose(1, 2).contiguous(), weights
+
+
+@contextlib.contextmanager
+def _applied(lm: CausalLM, layout: Layout) -> Iterator[None]:
+    _register_attention(_ATTENTION, _onepass_attention)
+    previous = lm.model.config._attn_implementation
+    _ACTIVE.append(layout)
+    lm.model.set_attn_implementation(_ATTENTION)
+    try:
+        yield
+    finally:
+        lm.model.set_attn_implementation(previous)
+        _ACTIVE.pop()
+
+
+def onepass_nll(lm: CausalLM, input_ids: Any, layout: Layout) -> NDArray[np.float64]:
+    """Per-token losses of positions 1..n-1 of one text read through ``layout``.
+
+    Args:
+        lm: the model.
+        input_ids: (1, n) or (n,) token ids, n >= 2.
+        layout: how the tokens older than each query's window are held.
+
+    Raises:
+        ValueError: fewer than 2 tokens, or more than one text.
+    """
+    import torch
+
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
+        raise ValueError(f"'input_ids' must be one text of >= 2 tokens: shape {tuple(ids.shape)}")
+    with _applied(lm, layout), torch.no_grad():
+        logits = lm.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")
+    return nll.double().numpy()
+
+
+def _ints(parser: argparse.ArgumentParser, flag: str, raw: str) -> list[int]:
+    try:
+        out = [int(p) for p in raw.split(",") if p.strip()]
+    except ValueError:
+        parser.error(f"{flag} must be comma-separated ints: {raw!r}")
+    if not out:
+        parser.error(f"{flag} names nothing: {raw!r}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line (module docstring): one line per (text, layout), JSON rows to
+    ``--out`` if given."""
+    parser = argparse.ArgumentParser(
+        prog="python -m kvpolicy.evict.quality.onepass", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--text", default="license,code,docs")
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--bits", default="4", help="comma-separated: 8, 4, 2")
+    parser.add_argument("--key-axis", default="token,channel", help="token, channel or both")
+    parser.add_argument("--window", default="1,8,32", help="comma-separated, each >= 1")
+    parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    if args.tokens < 2:
+        parser.error(f"--tokens must be >= 2: {args.tokens}")
+    axes = [a.strip() for a in args.key_axis.split(",") if a.strip()]
+    layouts = []
+    for bits in _ints(parser, "--bits", args.bits):
+        for axis in axes:
+            for window in _ints(parser, "--window", args.window):
+                try:
+                    layouts.append(Layout(bits, axis, window, args.group_size))
+                except (ValueError, TypeError) as exc:
+                    parser.error(f"--bits {bits} --key-axis {axis} --window {window}: {exc}")
+    texts = [t.strip() for t in args.text.split(",") if t.strip()]
+
+    from kvpolicy.evict.quality._model import load_smollm2
+    from kvpolicy.evict.quality._texts import eval_text
+
+    for name in texts:  # every name checked before the model loads
+        try:
+            eval_text(name)
+        except (ValueError, FileNotFoundError) as exc:
+            parser.error(f"--text: {exc}")
+    lm = load_smollm2()
+    for name in texts:
+        text, source = eval_text(name)
+        ids = lm.encode(text, args.tokens)
+        full = onepass_nll(lm, ids, Layout(16))
+        base = math.exp(float(full.mean()))
+        print(f"{name}: full cache {base:.3f} over {full.size + 1} tokens", flush=True)
+        for layout in layouts:
+            nll = onepass_nll(lm, ids, layout)
+            ratio = bootstrap_ratio(nll, full)
+            ppl = math.exp(float(nll.mean()))
+            pct = [100 * (x - 1) for x in (ratio.value, ratio.low, ratio.high)]
+            print(
+                f"{name}: {layout.label}: {ppl:.3f} "
+                f"({pct[0]:+.2f}% [{pct[1]:+.2f}, {pct[2]:+.2f}])",
+                flush=True,
+            )
+            if args.out is not None:
+                row = {
+                    "task": "onepass",
+                    "text": name,
+                    "source": source,
+                    "tokens": full.size + 1,
+                    **attrs.asdict(layout),
+                    "perplexity": ppl,
+                    "full_perplexity": base,
+                    "vs_full": [ratio.value, ratio.low, ratio.high],
+                }
+                with args.out.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

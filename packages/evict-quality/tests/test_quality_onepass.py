@@ -1,0 +1,102 @@
+"""The one-pass quantization probe (``kvpolicy.evict.quality.onepass``) on the real model."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from kvpolicy.evict.quality.onepass import Layout, main, onepass_nll
+
+
+def test_bad_layouts_are_named() -> None:
+    """Unsupported bits or axis, a window below 1 or a bad group size are refused."""
+    with pytest.raises(ValueError, match="'bits'"):
+        Layout(3)
+    with pytest.raises(ValueError, match="'key_axis'"):
+        Layout(4, "head")
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="'window' must be an int >= 1"):
+            Layout(4, window=bad)
+    with pytest.raises(ValueError, match="'group_size' must be an int >= 1"):
+        Layout(4, group_size=0)
+    assert Layout(16).label == "full"
+    assert Layout(4, "channel", 8).label == "int4 keys per channel, window 8"
+
+
+@pytest.mark.quality
+class TestOnePass:
+    """One teacher-forced pass through a layout (the real model: the ``quality`` session)."""
+
+    @pytest.fixture
+    def ids(self, lm: Any) -> torch.Tensor:
+        from kvpolicy.evict.quality import eval_text
+
+        return lm.encode(eval_text("docs")[0], 64)
+
+    def test_sixteen_bits_is_the_models_own_loss(self, lm: Any, ids: torch.Tensor) -> None:
+        """At 16 bits the probe's losses average to the model's own teacher-forced loss."""
+        nll = onepass_nll(lm, ids, Layout(16))
+        assert nll.shape == (63,)
+        with torch.no_grad():
+            ref = lm.model(input_ids=ids.unsqueeze(0), labels=ids.unsqueeze(0)).loss
+        assert float(nll.mean()) == pytest.approx(float(ref), rel=1e-5)
+
+    def test_a_window_covering_the_text_changes_nothing(self, lm: Any, ids: torch.Tensor) -> None:
+        """Every token inside every query's window: the quantized copies are never read,
+        so the losses are the full cache's; with window 1 they move."""
+        full = onepass_nll(lm, ids, Layout(16))
+        covered = onepass_nll(lm, ids, Layout(4, "token", 64))
+        np.testing.assert_allclose(covered, full, rtol=0, atol=1e-5)
+        narrow = onepass_nll(lm, ids, Layout(4, "token", 1))
+        assert float(np.abs(narrow - full).max()) > 1e-3
+
+    def test_one_text_of_two_tokens_at_least(self, lm: Any) -> None:
+        """A single token, or two texts, is a ValueError naming the shape."""
+        with pytest.raises(ValueError, match="one text of >= 2 tokens"):
+            onepass_nll(lm, torch.tensor([[1]]), Layout(4))
+        with pytest.raises(ValueError, match="one text of >= 2 tokens"):
+            onepass_nll(lm, torch.ones((2, 8), dtype=torch.long), Layout(4))
+
+    def test_command_line_writes_a_row_per_layout(self, lm: Any, tmp_path: pathlib.Path) -> None:
+        """``main`` prints and writes one JSON row per (text, layout) with the paired ratio."""
+        out = tmp_path / "rows.jsonl"
+        assert (
+            main(
+                [
+                    "--text",
+                    "docs",
+                    "--tokens",
+                    "48",
+                    "--window",
+                    "1,4",
+                    "--key-axis",
+                    "token",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [(r["bits"], r["key_axis"], r["window"]) for r in rows] == [
+            (4, "token", 1),
+            (4, "token", 4),
+        ]
+        for r in rows:
+            assert r["tokens"] == 48
+            low, high = r["vs_full"][1], r["vs_full"][2]
+            assert low <= r["vs_full"][0] <= high
+            assert r["perplexity"] == pytest.approx(r["full_perplexity"] * r["vs_full"][0])
+            assert math.isfinite(r["perplexity"])
+
+    def test_command_line_refuses_bad_flags(self) -> None:
+        """A bad window, bits or text is an argparse error before the model loads."""
+        for argv in (["--window", "0"], ["--bits", "3"], ["--window", "x"], ["--text", "nope"]):
+            with pytest.raises(SystemExit):
+                main(argv)
