@@ -147,7 +147,8 @@ class UniformPrecision:
         self._costs = cst
         self._residual = residual
         self._window = window
-        # Tokens still at 16 bits (inserted since the last allocate), per stream.
+        # Tokens still at 16 bits (inserted since the last allocate, or in the window),
+        # per stream, oldest first.
         self._pending: dict[str, NDArray[np.int64]] = {}
 
     @property
