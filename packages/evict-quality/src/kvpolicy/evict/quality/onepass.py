@@ -36,7 +36,7 @@ from numpy.typing import NDArray
 
 from kvpolicy.evict import AXES, QUANT_BITS, fake_quantize
 from kvpolicy.evict.quality._bootstrap import bootstrap_ratio
-from kvpolicy.evict.quality._decode import _register_attention
+from kvpolicy.evict.quality._decode import _ragged_eager, _register_attention
 from kvpolicy.evict.quality._model import CausalLM
 
 __all__ = ["Layout", "main", "onepass_nll"]
@@ -95,27 +95,24 @@ def _onepass_attention(
     import torch
 
     layout = _ACTIVE[-1]
+    if layout.bits == 16:  # nothing quantized: the harness's eager attention
+        return _ragged_eager(module, query, key, value, attention_mask, scaling)
     groups = query.shape[1] // key.shape[1]
     k_len, q_len = key.shape[-2], query.shape[-2]
-    k = key.repeat_interleave(groups, dim=1)
-    v = value.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(query, k.transpose(2, 3)) * scaling
-    near = None
-    if layout.bits != 16:
-        kq = fake_quantize(key, layout.bits, layout.group_size, layout.key_axis)
-        vq = fake_quantize(value, layout.bits, layout.group_size, "token")
-        rows = torch.arange(k_len - q_len, k_len).unsqueeze(1)
-        near = (rows - torch.arange(k_len).unsqueeze(0)) < layout.window
-        far_scores = torch.matmul(query, kq.repeat_interleave(groups, dim=1).transpose(2, 3))
-        scores = torch.where(near, scores, far_scores * scaling)
+    kq = fake_quantize(key, layout.bits, layout.group_size, layout.key_axis)
+    vq = fake_quantize(value, layout.bits, layout.group_size, "token")
+    rows = torch.arange(k_len - q_len, k_len).unsqueeze(1)
+    near = (rows - torch.arange(k_len).unsqueeze(0)) < layout.window
+    k, v, kq, vq = (t.repeat_interleave(groups, dim=1) for t in (key, value, kq, vq))
+    scores = torch.where(
+        near,
+        torch.matmul(query, k.transpose(2, 3)) * scaling,
+        torch.matmul(query, kq.transpose(2, 3)) * scaling,
+    )
     if attention_mask is not None:
         scores = scores + attention_mask[..., :k_len]
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    if near is None:
-        out = torch.matmul(weights, v)
-    else:
-        far_v = vq.repeat_interleave(groups, dim=1)
-        out = torch.matmul(weights * near, v) + torch.matmul(weights * ~near, far_v)
+    out = torch.matmul(weights * near, v) + torch.matmul(weights * ~near, vq)
     return out.transpose(1, 2).contiguous(), weights
 
 
