@@ -353,25 +353,43 @@ def test_routers_follow_an_evolving_fleet(seed: int) -> None:
 
 
 class _Said(ReplicaViews):
-    """Views that say what changed since the views shown before (``changed_since``), as
-    the gateway's fleet shows them."""
+    """Views that say what changed since the views shown before (``changed_since``), and
+    which report prefix blocks (``prefix_shown``), as the gateway's fleet shows them."""
 
     changed_since: tuple[Sequence[ReplicaView], tuple[int, ...]] | None
+    prefix_shown: tuple[int, ...]
+
+
+def _load(view: ReplicaView) -> tuple[object, ...]:
+    """What a view shows but its prefix blocks."""
+    return tuple(
+        getattr(view, f.name) for f in attrs.fields(ReplicaView) if f.name != "prefix_blocks"
+    )
 
 
 def _saying(
-    steps: list[tuple[RoutingRequest, Sequence[ReplicaView]]], rng: random.Random
+    steps: list[tuple[RoutingRequest, Sequence[ReplicaView]]],
+    rng: random.Random,
+    shown_blocks: bool = False,
 ) -> list[tuple[RoutingRequest, Sequence[ReplicaView]]]:
     """``steps`` with each step's views saying which positions changed since the step
     before's: a superset of them (some unchanged positions named too), or, now and then,
-    naming views that were not the ones shown before (to be ignored)."""
+    naming views that were not the ones shown before (to be ignored); with
+    ``shown_blocks``, saying which positions report prefix blocks too, and then naming, of
+    the positions that changed, only those whose view shows another load (a view shown
+    with other blocks and the same load is not named)."""
     out: list[tuple[RoutingRequest, Sequence[ReplicaView]]] = []
     last: Sequence[ReplicaView] | None = None
     for request, shown in steps:
         said = tuple.__new__(_Said, shown)
         said.changed_since = None
+        if shown_blocks:
+            said.prefix_shown = tuple(i for i, v in enumerate(shown) if v.prefix_blocks)
         if last is not None and len(last) == len(shown):
-            changed = {i for i in range(len(shown)) if shown[i] is not last[i]}
+            if shown_blocks:
+                changed = {i for i in range(len(shown)) if _load(shown[i]) != _load(last[i])}
+            else:
+                changed = {i for i in range(len(shown)) if shown[i] is not last[i]}
             changed.update(rng.sample(range(len(shown)), min(2, len(shown))))
             before = last if rng.random() < 0.9 else ReplicaViews(last)
             said.changed_since = (before, tuple(sorted(changed)))
@@ -380,12 +398,14 @@ def _saying(
     return out
 
 
+@pytest.mark.parametrize("shown_blocks", [False, True])
 @pytest.mark.parametrize("seed", [5, 6])
-def test_routers_follow_views_that_say_what_changed(seed: int) -> None:
+def test_routers_follow_views_that_say_what_changed(seed: int, shown_blocks: bool) -> None:
     """Views naming the positions that changed since the views before (the gateway's
-    fleet) are followed through those alone by ``weighted`` and ignored by the others,
-    every router deciding as its rule does; a hint naming other views than those last
-    shown is ignored."""
+    fleet), and, with ``shown_blocks``, those reporting prefix blocks (then naming only
+    the views showing another load), are followed through those alone by ``weighted`` and
+    ignored by the others, every router deciding as its rule does; a hint naming other
+    views than those last shown is ignored."""
     rng = random.Random(seed)
     scorers = SCORERS[seed % len(SCORERS)]
     lk, lr, pa, rr = LeastKVRouter(), LeastRequestsRouter(), PrefixAwareRouter(), RoundRobinRouter()
@@ -393,7 +413,7 @@ def test_routers_follow_views_that_say_what_changed(seed: int) -> None:
     plan = [(name, w, DEFAULT_TIER_WEIGHTS) for name, w in scorers.items()]
     llmd = [("prefix", 3.0, DEFAULT_TIER_WEIGHTS), ("queue", 2.0, {}), ("kv", 2.0, {})]
     cursor = 0
-    for request, shown in _saying(_evolving(seed, 400), rng):
+    for request, shown in _saying(_evolving(seed, 400), rng, shown_blocks):
         views = list(shown)
         live = eligible(views)
         assert lk.route(request, shown) == least_kv(views)

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+import attrs
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -42,6 +43,13 @@ class Fewest:
         if not live:
             return None
         return min(live, key=lambda r: (-len(r.resident("gpu")), r.outstanding)).replica_id
+
+
+def _load(view: ReplicaView) -> tuple[object, ...]:
+    """What a view shows but its prefix blocks."""
+    return tuple(
+        getattr(view, f.name) for f in attrs.fields(ReplicaView) if f.name != "prefix_blocks"
+    )
 
 
 def _fleet(router: Fewest | None = None, **kw: object) -> tuple[Fleet, LocalGate]:
@@ -108,9 +116,11 @@ class TestFleet:
 
     def test_views_say_what_changed_since_the_last_shown(self) -> None:
         """To a router that follows them, each decision's views over 16 backends or more
-        name the views shown before and a superset of the positions whose view is another
-        one since (counts, prefix holders, a refresh); after the candidates change they
-        name nothing; over fewer backends, or to another router, they say nothing."""
+        name the views shown before and a superset of the positions whose view shows
+        another load since (counts, a refresh: every field but the prefix blocks), and the
+        positions whose view shows prefix blocks (the holders, each another object with the
+        same load); after the candidates change they name nothing; over fewer backends, or
+        to another router, they say nothing."""
 
         class Keeping(Fewest):
             follows_changed_since = True
@@ -140,6 +150,7 @@ class TestFleet:
         fleet = Fleet(specs, config, router, CollectorRegistry())
         h = text_block_hashes("shared system prompt " * 20, 64)
         held = []
+        holders = 0
         for i in range(30):
             hashes = h if i % 3 else ()
             b = fleet.pick(f"r{i}", 10, hashes)
@@ -162,9 +173,13 @@ class TestFleet:
                 continue
             assert isinstance(said, tuple)
             assert said[0] is before
-            moved = {i for i in range(len(now)) if now[i] is not before[i]}
+            moved = {i for i in range(len(now)) if _load(now[i]) != _load(before[i])}
             assert moved <= set(said[1])
+            shown = now.prefix_shown  # type: ignore[attr-defined]
+            assert set(shown) == {i for i in range(len(now)) if now[i].prefix_blocks}
+            holders += len(shown)
         assert sum(len(v) == 20 for v, _ in router.shown) > 15
+        assert holders > 10
 
     def test_ejected_and_draining_backends_get_nothing(self) -> None:
         """An ejected or draining backend is no candidate; the pool's rates follow the

@@ -48,7 +48,7 @@ from typing import Any
 from kvpolicy.admit._prefix import TierCredit
 from kvpolicy.kvmodel import ReplicaView
 
-__all__ = ["CHANGES", "FusedTotals", "Term"]
+__all__ = ["CHANGES", "SHOWN", "FusedTotals", "Term"]
 
 Term = tuple[str, float, TierCredit | None]
 """One scorer: its kind (``kv``, ``prefix``, ``queue``, ``requests``), its weight, and the
@@ -75,10 +75,18 @@ the terms after them, added to it in order."""
 CHANGES = "changed_since"
 """The optional attribute of a views sequence naming what changed since the views a fleet
 showed before: ``(the views shown before, positions)``, the positions a superset of those
-whose view object is another one. Taken as it is when the views named are the ones last
-shown (it then costs nothing); otherwise the views are compared by identity (a view is
-frozen, and the router holds the old ones, so an id is never reused while compared), one
-pass in C."""
+whose view shows another load (``waiting``, ``running``, ``kv_usage``, ``draining``) or
+is another object, unless the sequence also says :data:`SHOWN`. Taken as it is when the
+views named are the ones last shown (it then costs nothing); otherwise the views are
+compared by identity (a view is frozen, and the router holds the old ones, so an id is
+never reused while compared), one pass in C."""
+
+SHOWN = "prefix_shown"
+"""The optional attribute, beside :data:`CHANGES`, of a views sequence naming the positions
+whose views report prefix blocks (the others report none). With it, the positions of
+:data:`CHANGES` need name only the views showing another load: a gateway shows the holders
+of a prompt's first block as their view with its index, another object with the same load,
+and need not name them, nor their views of the decision before."""
 
 
 def _folded(terms: Sequence[_Term]) -> _Plan:
@@ -289,8 +297,10 @@ class FusedTotals:
             elif state.views is not views:
                 last = state.views
                 said = getattr(views, CHANGES, None)
+                shown = None
                 if said is not None and said[0] is last:
                     changed = said[1]
+                    shown = getattr(views, SHOWN, None)
                 else:  # by identity, one pass in C
                     changed = list(compress(range(len(views)), map(is_not, last, views)))
                 if len(changed) * 4 > len(views):
@@ -298,7 +308,9 @@ class FusedTotals:
                 else:
                     state.views = views
                     if changed:
-                        self._update(state, last, views, changed)
+                        self._update(state, last, views, changed, shown is None)
+                    if shown is not None and self._prefix:
+                        state.held = set(shown)
             if state.drained:
                 return self._pick(state, hashes, views)
             return self._decide(state, hashes, views)
@@ -369,11 +381,13 @@ class FusedTotals:
         last: Sequence[ReplicaView],
         views: Sequence[ReplicaView],
         changed: Sequence[int],
+        track_held: bool = True,
     ) -> None:
         """Bring ``state`` from the views ``last`` to ``views``, whose positions ``changed``
-        (some) hold other views."""
+        (some) hold other views (``track_held`` False: the views say which report prefix
+        blocks, :data:`SHOWN`)."""
         drained = state.drained
-        held, prefix = state.held, self._prefix
+        held, prefix = state.held, self._prefix and track_held
         reads_waiting, reads_running, reads_kv = self._reads
         # A view that shows the load its last one showed (most often the same replica with
         # its prefix blocks shown or hidden) moves no total and no column: only its draining

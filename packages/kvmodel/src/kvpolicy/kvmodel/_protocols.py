@@ -270,7 +270,10 @@ class Router(Protocol):
     A router that keeps state between decisions may ask, with ``follows_changed_since =
     True`` (optional likewise), to be shown which views changed: a caller may then pass a
     sequence of views carrying ``changed_since = (the views shown before, positions
-    rebuilt since)`` (kvpolicy-tenancy's gateway fleet does, over 16 replicas or more).
+    rebuilt since)`` (kvpolicy-tenancy's gateway fleet does, over 16 replicas or more),
+    and with it, optionally, ``prefix_shown = positions whose views report prefix
+    blocks``: the positions of ``changed_since`` then name only the views showing another
+    load (every field but ``prefix_blocks``), not those shown again with other blocks.
     It is a hint: the router's choice must equal what it would pick from the views alone,
     and a router must ignore a hint that does not name the views it was shown last.
     """

@@ -164,11 +164,15 @@ def _follows_changes(router: object) -> bool:
 class _Shown(ReplicaViews):
     """The candidates' views the fleet shows for one decision, saying which of them may
     differ from those of the decision before: ``changed_since`` is ``(the views shown
-    before, positions)`` (None: not known), a superset of the positions whose view object
-    is another one. Shown to a router that says it follows them (:func:`_follows_changes`:
-    kvpolicy-admit's ``weighted``, which finds them by identity otherwise)."""
+    before, positions)`` (None: not known), a superset of the positions whose view shows
+    another load (counts, KV usage, draining, signal age: a rebuilt view); ``prefix_shown``
+    names the positions whose view shows prefix blocks (the holders of the prompt's first
+    block, each shown with its index: kvmodel's :data:`~kvpolicy.kvmodel.PREFIX_SHOWN`).
+    Shown to a router that says it follows them (:func:`_follows_changes`: kvpolicy-admit's
+    ``weighted``, which finds them by identity otherwise)."""
 
     changed_since: tuple[ReplicaViews, tuple[int, ...]] | None
+    prefix_shown: tuple[int, ...]
 
 
 def with_blocks(view: ReplicaView, blocks: Set[int]) -> ReplicaView:
@@ -369,8 +373,6 @@ class Fleet:
         self._shown: _Shown | None = None
         """The candidates' views last shown to the router (None: none since the candidates
         changed)."""
-        self._shown_holders: list[int] = []
-        """The positions shown with their prefix index in :attr:`_shown`."""
         self._dirty: set[int] = set()
         """The candidates' positions whose view was replaced since :attr:`_shown`."""
         self._recheck_at = float("inf")  # when an ejection's backoff ends (passive only)
@@ -521,11 +523,12 @@ class Fleet:
                 shown.changed_since = None
             else:
                 last.changed_since = None  # (a chain of views shown would be kept alive)
-                dirty.update(self._shown_holders)
-                dirty.update(held)
                 shown.changed_since = (last, tuple(dirty))
                 dirty.clear()
-            self._shown, self._shown_holders = shown, held
+            # A holder's view is its current view with its prefix index: another object
+            # than the one shown before, with the same load (not a change).
+            shown.prefix_shown = tuple(held)
+            self._shown = shown
             return shown
         cache = self._view_cache
         return ReplicaViews.trusted(
@@ -632,7 +635,7 @@ class Fleet:
         self._cands = [b for b in self.backends if b.health.routable(now, self._active)]
         self._cand_pos = {b.id: i for i, b in enumerate(self._cands)}
         self._cand_views = [self._view_cache[b] for b in self._cands]
-        self._shown, self._shown_holders = None, []
+        self._shown = None
         self._dirty.clear()
         ends = [b.health.ejected_until for b in self.backends if b.health.ejected]
         self._recheck_at = min(ends) if ends and not self._active else float("inf")
