@@ -462,7 +462,8 @@ def _nan_usage(view: ReplicaView) -> ReplicaView:
 
 def test_weighted_with_nan_usage_decides_as_the_general_rule() -> None:
     """A NaN total (an unchecked view's NaN usage) orders as ``(total, -position)``, on
-    fresh fleets and on one evolving through NaN and back."""
+    fresh fleets and on one evolving through NaN and back, and on small fleets (read
+    whole at each decision)."""
     fused = WeightedRouter({"prefix": 1.0, "kv": 1.0, "queue": 0.5})
     general = WeightedRouter(
         [
@@ -480,6 +481,11 @@ def test_weighted_with_nan_usage_decides_as_the_general_rule() -> None:
             views[i] = _nan_usage(views[i])
             shown = ReplicaViews(views)
         assert fused.route(request, shown) == general.route(request, views)
+    for request, views in CASES[:300]:  # 1-13 replicas: a few are read whole
+        views = list(views)
+        i = rng.randrange(len(views))
+        views[i] = _nan_usage(views[i])
+        assert fused.route(request, ReplicaViews(views)) == general.route(request, views)
 
 
 def test_cursor_and_seeded_routers() -> None:
