@@ -80,8 +80,8 @@ the terms after them, added to it in order."""
 CHANGES = "changed_since"
 """The optional attribute of a views sequence naming what changed since the views a fleet
 showed before: ``(the views shown before, positions)``, the positions a superset of those
-whose view shows another load (``waiting``, ``running``, ``kv_usage``, ``draining``) or
-is another object, unless the sequence also says :data:`SHOWN`. Taken as it is when the
+whose view object is another one (where the sequence also says :data:`SHOWN`: of those
+whose view shows another load, every field but its prefix blocks). Taken as it is when the
 views named are the ones last shown (it then costs nothing); otherwise the views are
 compared by identity (a view is frozen, and the router holds the old ones, so an id is
 never reused while compared), one pass in C."""

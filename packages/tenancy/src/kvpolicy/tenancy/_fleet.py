@@ -167,7 +167,7 @@ class _Shown(ReplicaViews):
     before, positions)`` (None: not known), a superset of the positions whose view shows
     another load (counts, KV usage, draining, signal age: a rebuilt view); ``prefix_shown``
     names the positions whose view shows prefix blocks (the holders of the prompt's first
-    block, each shown with its index: kvmodel's :data:`~kvpolicy.kvmodel.PREFIX_SHOWN`).
+    block, each shown with its index; the hints of kvmodel's :class:`~kvpolicy.kvmodel.Router`).
     Shown to a router that says it follows them (:func:`_follows_changes`: kvpolicy-admit's
     ``weighted``, which finds them by identity otherwise)."""
 
