@@ -177,6 +177,14 @@ def _compiled(plan: _Plan) -> tuple[Total, Totals]:
     return maker(*args)
 
 
+def _column(code: int, views: Sequence[ReplicaView]) -> list[int]:
+    """A min-max scorer's column over ``views``: ``waiting`` (queue) or ``running +
+    waiting`` (requests)."""
+    if code == _QUEUE:
+        return [r.waiting for r in views]
+    return [r.running + r.waiting for r in views]
+
+
 def _track(i: int, r: ReplicaView, drained: set[int], held: set[int] | None) -> None:
     """Note view ``i``'s draining and (with ``held``) whether it reports prefix blocks."""
     if r.draining:
@@ -347,12 +355,10 @@ class FusedTotals:
         live = [i for i, r in enumerate(views) if not r.draining]
         if not live:
             return -1
+        shown = [views[i] for i in live]
         spans = []
         for code in self._minmax:
-            if code == _QUEUE:
-                col = [views[i].waiting for i in live]
-            else:
-                col = [views[i].running + views[i].waiting for i in live]
+            col = _column(code, shown)
             high = max(col)
             spans.append((high, high - min(col)))
         plan = self._plans(tuple(spans))[0]
@@ -388,10 +394,7 @@ class FusedTotals:
 
     def _fresh(self, views: Sequence[ReplicaView]) -> _State:
         """The state of ``views`` read afresh."""
-        values = [
-            [r.waiting for r in views] if code == _QUEUE else [r.running + r.waiting for r in views]
-            for code in self._minmax
-        ]
+        values = [_column(code, views) for code in self._minmax]
         bounds = [(min(col), max(col)) for col in values]
         spans = tuple([(high, high - low) for low, high in bounds])
         held: set[int] = set()
