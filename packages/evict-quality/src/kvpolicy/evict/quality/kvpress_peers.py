@@ -67,6 +67,7 @@ from kvpolicy.evict.quality._decode import DecodeResult
 from kvpolicy.evict.quality._eval import budget_tokens, cli_texts_and_budgets
 from kvpolicy.evict.quality._lookup import build_lookup
 from kvpolicy.evict.quality._model import CausalLM, load_smollm2
+from kvpolicy.evict.quality._needle import build_needle
 from kvpolicy.evict.quality._runs import append_row, read_rows, result_row, row_key
 from kvpolicy.evict.quality._texts import EVAL_TEXTS, eval_text
 
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", default="0.125,0.25,0.5")
     parser.add_argument("--text", default=",".join(EVAL_TEXTS))
     parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--task", choices=("ppl", "lookup"), default="ppl")
+    parser.add_argument("--task", choices=("ppl", "lookup", "needle"), default="ppl")
     parser.add_argument("--full", action="store_true", help="also run the full cache")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument(
@@ -309,8 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     lookups: list[Any] = []
     for text in texts:
         content, _source = eval_text(text)
-        if args.task == "lookup":
-            task = build_lookup(lm.tokenizer, content, args.tokens)
+        if args.task in ("lookup", "needle"):
+            build = build_needle if args.task == "needle" else build_lookup
+            try:
+                task = build(lm.tokenizer, content, args.tokens)
+            except ValueError as exc:
+                parser.error(f"--text {text}: {exc}")
             lookups.append(task)
             encoded.append(task.input_ids)
         else:
