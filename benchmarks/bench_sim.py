@@ -23,7 +23,11 @@ Figures (seconds of ``simulate``, wall-clock and CPU, workload loading excluded)
   one-replica workload; ``fleet_ratio`` is the largest ``n``'s cost over the one-replica
   fleet's and ``fleet_ratio_vs_engine`` over the engine's (issue 25 asks for at most 1.3
   at 64). ``fleet_figures[n]`` gives each run's completed requests and TTFT p50, so that
-  the loads can be seen to be alike.
+  the loads can be seen to be alike. Round-robin reads no load, so with no gateway and no
+  autoscaler the fleet routes every request first and serves each replica's share apart
+  (the same run bit for bit); ``fleet_loop_cpu_us_per_request[n]`` (one run each, n = 1
+  and the largest) and ``fleet_loop_ratio`` are the same loads behind least-requests, a
+  router that reads load, which the fleet's loop runs.
 - ``million`` (with ``--million``): 10^6 requests of ``azure-conv-like`` over 64 replicas
   at the same load per replica, run in a child process: its CPU seconds (workload
   generation and simulation apart) and its peak resident memory (issue 25 asks for at most
@@ -168,11 +172,11 @@ def _fleet_workload(n: int, per_replica: int) -> Any:
     return w.with_rate(n * RATE_PER_REPLICA)
 
 
-def _fleet_stack(n: int) -> Any:
+def _fleet_stack(n: int, router: str = "round-robin") -> Any:
     import attrs
 
     # startup_s differs from the default section, so one replica runs as a fleet too.
-    return attrs.evolve(STACK_PRESETS["vllm"], fleet=FleetConfig(n, startup_s=1.0))
+    return attrs.evolve(STACK_PRESETS["vllm"], fleet=FleetConfig(n, startup_s=1.0, router=router))
 
 
 def _fleet_scaling(quick: bool) -> dict[str, Any]:
@@ -200,7 +204,17 @@ def _fleet_scaling(quick: bool) -> dict[str, Any]:
                 flush=True,
             )
     largest = str(max(sizes))
+    # The same loads behind a router that reads load (least requests): the fleet's loop
+    # runs them, where round-robin's replicas are served apart (kvmodel's reads_load).
+    loop_costs: dict[str, float] = {}
+    for n in (1, max(sizes)):
+        _, cpu, _ = _time(loads[n], _fleet_stack(n, "least-requests"))
+        loop_costs[str(n)] = round(1e6 * cpu / len(loads[n]), 1)
+        print(f"least-requests fleet of {n:>2}: {loop_costs[str(n)]:.0f} us each", flush=True)
     return {
+        "fleet_loop_router": "least-requests",
+        "fleet_loop_cpu_us_per_request": loop_costs,
+        "fleet_loop_ratio": round(loop_costs[largest] / loop_costs["1"], 3),
         "fleet_requests_per_replica": per_replica,
         "fleet_rate_per_replica": RATE_PER_REPLICA,
         "fleet_engine_cpu_us_per_request": round(engine_cost, 1),

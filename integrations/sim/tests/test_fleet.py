@@ -238,6 +238,142 @@ class TestRouting:
             fleet.run(_requests(kit, 3))
 
 
+def _same_run(a: object, b: object) -> None:
+    """Two simulation results are one run: summary, per-request arrays, memory series and
+    replica rows, bit for bit."""
+    assert json.dumps(a.summary.as_dict(), sort_keys=True) == json.dumps(  # type: ignore[attr-defined]
+        b.summary.as_dict(),
+        sort_keys=True,  # type: ignore[attr-defined]
+    )
+    ra, rb = a.record, b.record  # type: ignore[attr-defined]
+    for f in attrs.fields(type(ra)):
+        x, y = getattr(ra, f.name), getattr(rb, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.tobytes() == y.tobytes(), f.name
+        else:
+            assert x == y or (x != x and y != y), f.name
+    fa, fb = a.fleet, b.fleet  # type: ignore[attr-defined]
+    assert fa.assignment.tobytes() == fb.assignment.tobytes()
+    assert [attrs.astuple(r) for r in fa.replicas] == [attrs.astuple(r) for r in fb.replicas]
+
+
+class TestApart:
+    """With no gateway, no autoscaler and a router that reads no load (round-robin,
+    random), the fleet routes every request first and serves each replica's share apart:
+    the same run, bit for bit, as the fleet's loop (forced here by saying that the router
+    reads load)."""
+
+    @pytest.mark.parametrize(
+        ("preset", "fleet", "workload"),
+        [
+            ("vllm", {"replicas": 8}, "azure-conv-like"),
+            ("vllm", {"replicas": 3, "router": "random"}, "multi-tenant"),
+            ("vllm", {"replicas": 3, "specs": [{}, {"gpu": "L40S"}]}, "multi-tenant"),
+            ("vllm", {"replicas": 4, "signal_delay_s": 0.05}, "multi-tenant"),
+            ("vllm", {"replicas": 1}, "multi-tenant"),
+            ("kvpolicy-no-gateway", {"replicas": 3}, "multi-tenant"),
+        ],
+    )
+    def test_equals_the_loop(
+        self,
+        preset: str,
+        fleet: dict[str, object],
+        workload: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        import kvpolicy.sim._fleet as fleet_module
+
+        w = get_workload(workload, seed=0, num_requests=240)
+        w = w.with_rate(5.0 * int(fleet["replicas"]))  # type: ignore[call-overload]
+        base = STACK_PRESETS[preset.removesuffix("-no-gateway")]
+        if preset.endswith("-no-gateway"):
+            base = attrs.evolve(base, gateway=attrs.evolve(base.gateway, name="none"))
+        cfg = attrs.evolve(base, fleet=FleetConfig(startup_s=1.0, **fleet))  # type: ignore[arg-type]
+        m, g = get_model("Llama-3-8B"), get_gpu("H100-SXM")
+        calls: list[int] = []
+        real = fleet_module._Run._apart
+
+        def counted(run: object, progress: object) -> None:
+            calls.append(1)
+            real(run, progress)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(fleet_module._Run, "_apart", counted)
+        apart = simulate(w.requests, m, g, cfg, seed=0)
+        assert calls == [1]  # served apart
+        monkeypatch.setattr(fleet_module, "reads_load", lambda router: True)
+        looped = simulate(w.requests, m, g, cfg, seed=0)
+        assert calls == [1]  # the loop
+        assert apart.summary.completed > 0
+        _same_run(apart, looped)
+
+    def test_a_request_placed_nowhere_waits_as_in_the_loop(
+        self, kit: SimpleNamespace, tm: TimingModel, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A router that places a request nowhere (None) leaves it unserved in both paths,
+        and the rest run the same."""
+        import kvpolicy.sim._fleet as fleet_module
+
+        class Picky:
+            reads_load = False
+
+            def __init__(self) -> None:
+                self._inner = RoundRobinRouter()
+
+            def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
+                return None if request.request_id == "r3" else self._inner.route(request, replicas)
+
+        reqs = _requests(kit, 30)
+        engines = lambda k: Engine(tm, kit.engine(4096))  # noqa: E731
+        apart = Fleet(engines, Picky(), FleetConfig(3)).run(reqs)
+        monkeypatch.setattr(fleet_module, "reads_load", lambda router: True)
+        looped = Fleet(engines, Picky(), FleetConfig(3)).run(reqs)
+        assert apart.assignment[3] == looped.assignment[3] == -1
+        assert np.isnan(apart.record.finish[3])
+        assert apart.assignment.tobytes() == looped.assignment.tobytes()
+        assert apart.record.finish.tobytes() == looped.record.finish.tobytes()
+        assert apart.record.series_kv_tokens.tobytes() == looped.record.series_kv_tokens.tobytes()
+
+    def test_coupled_fleets_take_the_loop(
+        self, kit: SimpleNamespace, tm: TimingModel, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A router that reads load, a gateway or an autoscaler couple the replicas: the
+        loop runs them."""
+        import kvpolicy.sim._fleet as fleet_module
+
+        def refuse(run: object, progress: object) -> None:
+            raise AssertionError("served apart")
+
+        monkeypatch.setattr(fleet_module._Run, "_apart", refuse)
+        reqs = _requests(kit, 20)
+        engines = lambda k: Engine(tm, kit.engine(4096))  # noqa: E731
+        Fleet(engines, LeastRequestsRouter(), FleetConfig(2)).run(reqs)
+        Fleet(engines, _Recording(), FleetConfig(2)).run(reqs)
+        Fleet(
+            engines,
+            RoundRobinRouter(),
+            FleetConfig(2, min_replicas=1, max_replicas=3),
+            autoscaler=StaticAutoscaler(2),
+        ).run(reqs)
+        w = get_workload("multi-tenant", seed=0, num_requests=40)
+        cfg = attrs.evolve(STACK_PRESETS["kvpolicy"], fleet=FleetConfig(2, startup_s=1.0))
+        simulate(w.requests, get_model("Llama-3-8B"), get_gpu("H100-SXM"), cfg, seed=0)
+
+    def test_a_router_naming_no_replica_is_an_error(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """Served apart, a router answering an id outside the fleet still stops the run."""
+
+        class Wrong:
+            reads_load = False
+
+            def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str:
+                return "nowhere"
+
+        fleet = Fleet(lambda k: Engine(tm, kit.engine(4096)), Wrong(), FleetConfig(2))
+        with pytest.raises(SimError, match="'nowhere'"):
+            fleet.run(_requests(kit, 3))
+
+
 class TestHeterogeneous:
     def test_each_replica_runs_its_spec(self) -> None:
         """Replicas take the specs in turn, each priced at its own GPU's rate."""

@@ -8,7 +8,7 @@ same choices for the same seed and inputs, bad params named. Autoscalers: the ta
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 
 import attrs
@@ -27,6 +27,7 @@ from kvpolicy.kvmodel import (
     build,
     describe,
     reads_kv_usage,
+    reads_load,
     reads_prefix_blocks,
 )
 
@@ -102,6 +103,20 @@ def _random_fleet(rng: random.Random, n: int) -> list[ReplicaView]:
     ]
 
 
+def _decides_alike(
+    name: str, seed: int, move: Callable[[ReplicaView, random.Random], ReplicaView]
+) -> None:
+    """Two routers ``name`` built alike choose alike over 200 random fleets, one shown the
+    views, the other each view ``move``d."""
+    rng = random.Random(seed)
+    seen, other = _router(name), _router(name)
+    for step in range(200):
+        fleet = _random_fleet(rng, rng.randrange(1, 6))
+        moved = [move(r, rng) for r in fleet]
+        (request,) = _requests(rng, 1)
+        assert seen.route(request, fleet) == other.route(request, moved), step
+
+
 def _requests(rng: random.Random, n: int) -> list[RoutingRequest]:
     return [
         RoutingRequest(
@@ -151,18 +166,33 @@ class TestRouterConformance:
     def test_kv_usage_unread_when_it_says_so(self, name: str) -> None:
         """A router saying ``reads_kv_usage = False`` decides the same whatever its views'
         KV memory (a simulator may show it as of each replica's last change)."""
-        if reads_kv_usage(_router(name)):
-            return
-        rng = random.Random(4)
-        seen, other = _router(name), _router(name)
-        for step in range(200):
-            fleet = _random_fleet(rng, rng.randrange(1, 6))
-            moved = [
-                attrs.evolve(r, kv_usage=rng.random(), free_blocks=rng.randrange(100))
-                for r in fleet
-            ]
-            (request,) = _requests(rng, 1)
-            assert seen.route(request, fleet) == other.route(request, moved), step
+        if not reads_kv_usage(_router(name)):
+            _decides_alike(
+                name,
+                4,
+                lambda r, rng: attrs.evolve(
+                    r, kv_usage=rng.random(), free_blocks=rng.randrange(100)
+                ),
+            )
+
+    def test_load_unread_when_it_says_so(self, name: str) -> None:
+        """A router saying ``reads_load = False`` decides the same whatever its views say of
+        load (counts, KV memory, prefix blocks, signal age): only ids, order and draining
+        (a simulator may then route a fixed fleet's requests before serving them)."""
+        if not reads_load(_router(name)):
+            _decides_alike(
+                name,
+                6,
+                lambda r, rng: attrs.evolve(
+                    r,
+                    running=rng.randrange(50),
+                    waiting=rng.randrange(50),
+                    kv_usage=rng.random(),
+                    free_blocks=rng.randrange(1000),
+                    prefix_blocks={"gpu": rng.sample(range(8), rng.randrange(4))},
+                    signal_age_s=rng.random(),
+                ),
+            )
 
     def test_replica_views_decide_as_a_list(self, name: str) -> None:
         """Shown its views as a checked :class:`ReplicaViews` (taken as it is), it decides

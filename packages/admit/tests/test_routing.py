@@ -319,6 +319,26 @@ class TestReadsKVUsage:
         assert not reads_kv_usage(WeightedRouter([(ChoiceScorer(RoundRobinRouter()), 1.0)]))
 
 
+class TestReadsLoad:
+    def test_declarations(self) -> None:
+        """Round-robin, random and mixing read no load; every router that compares
+        replicas by what they hold or run does."""
+        from kvpolicy.kvmodel import reads_load
+
+        assert not reads_load(RoundRobinRouter())
+        assert not reads_load(RandomRouter(seed=1))
+        assert not reads_load(MixingRouter(TABLE_2, labels=["l5", "l10", "l6", "l12"]))
+        for router in (
+            LeastRequestsRouter(),
+            LeastKVRouter(),
+            PrefixAwareRouter(),
+            WeightedRouter(),
+            WeightedRouter([(ChoiceScorer(RoundRobinRouter()), 1.0)]),
+        ):
+            assert reads_load(router), router
+        assert reads_load(object())  # saying nothing: it may read anything
+
+
 class TestMixing:
     def test_fractions_from_plan_routing(self) -> None:
         """Seed 002's Table 2 classes on two replicas: the plan's fractions, exactly."""

@@ -20,6 +20,7 @@ from kvpolicy.kvmodel import (
     _registry,
     build,
     reads_kv_usage,
+    reads_load,
 )
 
 
@@ -231,3 +232,23 @@ class TestReadsKVUsage:
         assert reads_kv_usage(Blind()) is False
         assert reads_kv_usage(Sighted()) is True
         assert reads_kv_usage(object()) is True
+
+
+class TestReadsLoad:
+    def test_only_a_declared_false_is_false(self) -> None:
+        """Only ``reads_load = False`` says a router reads no load; anything else (a truthy
+        value that is not True included) means it may."""
+
+        class Blind:
+            reads_load = False
+
+        class Sighted:
+            reads_load = True
+
+        class Vague:
+            reads_load = 0
+
+        assert reads_load(Blind()) is False
+        assert reads_load(Sighted()) is True
+        assert reads_load(Vague()) is True
+        assert reads_load(object()) is True

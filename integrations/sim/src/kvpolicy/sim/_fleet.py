@@ -32,7 +32,9 @@ prompt is long rather than the pool is large; a replica's view is built again on
 changed.
 
 With one replica and round-robin, the fleet runs exactly the single engine's iterations and
-its record is the engine's.
+its record is the engine's. With no gateway, no autoscaler and a router that reads no load
+(kvmodel's ``reads_load``), nothing couples the replicas: every request is routed first
+and each replica serves its share apart (:meth:`_Run._apart`), the same run.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from kvpolicy.kvmodel import (
     Router,
     RoutingRequest,
     reads_kv_usage,
+    reads_load,
     reads_prefix_blocks,
 )
 from kvpolicy.sim._config import FleetConfig, GatewayConfig, SLOConfig
@@ -382,6 +385,7 @@ class _Run:
         self._queue: list[int] = []
         self._knocked: list[float] = []  # when each queued request knocked
         self._now = float(arrivals[0]) if len(reqs) else 0.0
+        self._last_arrival = float(arrivals[-1]) if len(reqs) else 0.0
         self._last_door = -math.inf  # when the front door last opened
         self._peak = 0
         self._reclaimed = 0
@@ -398,7 +402,10 @@ class _Run:
         self._window_hits = self._rec.prefix_hit
         for k in range(cfg.replicas):
             self._start(first if k == 0 else None, self._now, self._now)
-        self._loop(progress)
+        if fleet._gate is None and fleet._autoscaler is None and not reads_load(fleet._router):
+            self._apart(progress)
+        else:
+            self._loop(progress)
 
     # ------------------------------------------------------------------ replicas
     def _start(self, engine: Engine | None, start: float, up: float) -> _Replica:
@@ -767,6 +774,57 @@ class _Run:
         if progress is not None:
             progress(rec.done, n)
 
+    # ------------------------------------------------------------------ apart
+    def _apart(self, progress: ProgressFn | None) -> None:
+        """:meth:`_loop`'s run when nothing couples the replicas: no gateway, no autoscaler
+        and a router that reads no load (kvmodel's ``reads_load``). Every request is routed
+        first, in arrival order (the router shown each replica's view at the start: its
+        choices do not depend on what the views say of load), then each replica serves its
+        share as one engine serves its arrivals, replica after replica, so that one
+        replica's state stays in the CPU's caches while it runs. Each replica runs exactly
+        as in the loop, where only its own requests end its decode runs (the tests compare
+        the two bit for bit)."""
+        door, reqs, rec = self._door, self._reqs, self._rec
+        n = len(reqs)
+        if progress is not None:
+            progress(0, n)
+        times: list[float] = []
+        entered = door.arrive(math.inf, times)
+        if n:  # the door's last opening, as in the loop (there is no retry)
+            self._now = max(self._now, self._last_arrival)
+            self._last_door = self._last_arrival
+        serving = self._serving()
+        views = ReplicaViews.trusted([r.settled_view() for r in serving])
+        router = self._fleet._router
+        engine0 = self._replicas[0].engine
+        shares: list[list[tuple[float, int, Request]]] = [[] for _ in self._replicas]
+        for i, at in zip(entered, times, strict=True):
+            req = reqs[i]
+            rid = router.route(
+                RoutingRequest(
+                    request_id=req.request_id,
+                    prompt_len=max(req.prompt_len, 1),
+                    block_hashes=engine0.hashes(req),
+                    label=req.tenant or "default",
+                ),
+                views,
+            )
+            if rid is None:  # placed nowhere: as in the loop, it waits to the end
+                continue
+            chosen = self._by_id.get(rid)
+            if chosen is None:
+                raise SimError(
+                    f"router {type(router).__name__} placed request {req.request_id!r} on "
+                    f"{rid!r}, not a serving replica of {sorted(x.rid for x in serving)}"
+                )
+            shares[chosen.index].append((at, i, req))
+            chosen.requests += 1
+            self._assigned[i] = chosen.index
+        for r, share in zip(self._replicas, shares, strict=True):
+            _serve(r.server, share)
+            if progress is not None:  # once a replica is done
+                progress(rec.done, n)
+
     # ------------------------------------------------------------------ result
     def result(self) -> FleetRecord:
         for r in self._live:
@@ -797,6 +855,23 @@ class _Run:
             peak_replicas=self._peak,
             reclaimed=self._reclaimed,
         )
+
+
+def _serve(server: Server, share: Sequence[tuple[float, int, Request]]) -> None:
+    """``server`` serves ``share`` ((arrival, index, request), in arrival order) as one
+    engine serves its arrivals (:meth:`Engine._loop` without a gateway): an idle server's
+    clock moves to the next arrival, arrivals due join, and each iteration (or run of
+    decode iterations) ends at the first that ends at or after the next arrival."""
+    pos, n = 0, len(share)
+    while pos < n or not server.idle:
+        if server.idle:
+            server.advance_to(share[pos][0])
+        now = server.now
+        while pos < n and share[pos][0] <= now:
+            _, i, req = share[pos]
+            server.accept(i, req)
+            pos += 1
+        server.iterate(share[pos][0] if pos < n else math.inf)
 
 
 def _merge(records: Sequence[RunRecord]) -> RunRecord:

@@ -148,6 +148,8 @@ class RoundRobinRouter:
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
     reads_kv_usage: ClassVar[bool] = False
     """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
+    reads_load: ClassVar[bool] = False
+    """It reads no load at all, only ids, order and draining (kvmodel's :func:`reads_load`)."""
 
     _next: int = field(init=False, default=0)
 
@@ -186,6 +188,8 @@ class RandomRouter(_Seeded):
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
     reads_kv_usage: ClassVar[bool] = False
     """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
+    reads_load: ClassVar[bool] = False
+    """It reads no load at all, only ids, order and draining (kvmodel's :func:`reads_load`)."""
 
     def route(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> str | None:
         """A uniformly drawn eligible replica."""
@@ -597,6 +601,8 @@ class MixingRouter:
     """It never reads the views' prefix blocks (kvmodel's :class:`Router`)."""
     reads_kv_usage: ClassVar[bool] = False
     """It never reads the views' KV memory (kvmodel's :func:`reads_kv_usage`)."""
+    reads_load: ClassVar[bool] = False
+    """It reads no load at all, only ids, order and draining (kvmodel's :func:`reads_load`)."""
 
     classes: tuple[RequestClass, ...] = field(converter=_classes)
     """The request classes (lengths and shares summing to 1): :class:`RequestClass`

@@ -20,6 +20,7 @@ if _TYPE_CHECKING:
         ReplicaViews,
         RoutingRequest,
         reads_kv_usage,
+        reads_load,
     )
     from kvpolicy.kvmodel._planning import (
         CapacityError,
@@ -111,6 +112,7 @@ _LAZY: dict[str, str] = {
     "ReplicaViews": "_fleet",
     "RoutingRequest": "_fleet",
     "reads_kv_usage": "_fleet",
+    "reads_load": "_fleet",
     "CapacityError": "_planning",
     "CapacityPlan": "_planning",
     "kv_budget_bytes": "_planning",
@@ -267,6 +269,7 @@ __all__ = [
     "plan_capacity",
     "quantized_token_bytes",
     "reads_kv_usage",
+    "reads_load",
     "reads_prefix_blocks",
     "rechunk_hashes",
     "seed001_lengths",

@@ -17,7 +17,14 @@ import attrs
 from attrs import field, frozen
 from attrs.validators import ge, instance_of, le
 
-__all__ = ["FleetView", "ReplicaView", "ReplicaViews", "RoutingRequest", "reads_kv_usage"]
+__all__ = [
+    "FleetView",
+    "ReplicaView",
+    "ReplicaViews",
+    "RoutingRequest",
+    "reads_kv_usage",
+    "reads_load",
+]
 
 TierBlocks = tuple[tuple[str, frozenset[int]], ...]
 
@@ -194,6 +201,22 @@ def reads_kv_usage(router: object) -> bool:
     Optional, as ``reads_prefix_blocks`` is.
     """
     return getattr(router, "reads_kv_usage", True) is not False
+
+
+def reads_load(router: object) -> bool:
+    """Whether ``router``'s choices may depend on its views' load (``running``,
+    ``waiting``, ``kv_usage``, ``free_blocks``, ``prefix_blocks``, ``signal_age_s``): False
+    only for a router that says so with ``reads_load = False`` (round-robin, seeded random,
+    seed 002's mixing).
+
+    Its choices must then depend only on the requests (in their order), the views' ids,
+    order, draining and labels (``model``, ``gpu``, ``block_size``) and its own state, and
+    a caller may show it views of any time: with a fixed fleet and no gateway the simulator
+    then routes every request first and serves each replica's share as one engine,
+    replica by replica (replicas sharing nothing, each runs exactly as in the fleet's
+    loop). Optional, as ``reads_prefix_blocks`` is.
+    """
+    return getattr(router, "reads_load", True) is not False
 
 
 def _views(value: object) -> tuple[ReplicaView, ...]:

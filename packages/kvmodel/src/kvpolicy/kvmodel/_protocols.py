@@ -265,7 +265,10 @@ class Router(Protocol):
     attribute ``reads_prefix_blocks = False`` (optional, not part of the Protocol's check;
     read it with :func:`reads_prefix_blocks`): a caller may then show it views without
     their prefix blocks and spare the work of finding them. Its choices must not depend
-    on them.
+    on them. One whose choices read no load at all (neither counts, KV memory, prefix
+    blocks nor signal age: round-robin, random) may say ``reads_load = False`` (read it
+    with :func:`reads_load`): with a fixed fleet and no gateway a simulator may then serve
+    each replica's share apart.
 
     A router that keeps state between decisions may ask, with ``follows_changed_since =
     True`` (optional likewise), to be shown which views changed: a caller may then pass a
