@@ -333,6 +333,21 @@ class TestApart:
         assert apart.record.finish.tobytes() == looped.record.finish.tobytes()
         assert apart.record.series_kv_tokens.tobytes() == looped.record.series_kv_tokens.tobytes()
 
+    def test_progress_is_reported_while_a_replica_serves(
+        self, kit: SimpleNamespace, tm: TimingModel
+    ) -> None:
+        """Served apart, one replica's long share still reports progress as it goes, up
+        to every request done."""
+        reqs = _requests(kit, 400)
+        seen: list[tuple[int, int]] = []
+        Fleet(lambda k: Engine(tm, kit.engine(4096)), RoundRobinRouter(), FleetConfig(1)).run(
+            reqs, progress=lambda done, total: seen.append((done, total))
+        )
+        assert len(seen) > 20
+        assert seen[0] == (0, 400)
+        assert seen[-1] == (400, 400)
+        assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
     def test_coupled_fleets_take_the_loop(
         self, kit: SimpleNamespace, tm: TimingModel, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -820,10 +820,19 @@ class _Run:
             shares[chosen.index].append((at, i, req))
             chosen.requests += 1
             self._assigned[i] = chosen.index
+        tick = None
+        if progress is not None:
+            every, last = max(1, n // 200), [-1]
+
+            def tick() -> None:
+                if rec.done // every != last[0]:
+                    last[0] = rec.done // every
+                    progress(rec.done, n)
+
         for r, share in zip(self._replicas, shares, strict=True):
-            _serve(r.server, share)
-            if progress is not None:  # once a replica is done
-                progress(rec.done, n)
+            _serve(r.server, share, tick)
+        if progress is not None:
+            progress(rec.done, n)
 
     # ------------------------------------------------------------------ result
     def result(self) -> FleetRecord:
@@ -857,11 +866,16 @@ class _Run:
         )
 
 
-def _serve(server: Server, share: Sequence[tuple[float, int, Request]]) -> None:
+def _serve(
+    server: Server,
+    share: Sequence[tuple[float, int, Request]],
+    tick: Callable[[], None] | None = None,
+) -> None:
     """``server`` serves ``share`` ((arrival, index, request), in arrival order) as one
     engine serves its arrivals (:meth:`Engine._loop` without a gateway): an idle server's
     clock moves to the next arrival, arrivals due join, and each iteration (or run of
-    decode iterations) ends at the first that ends at or after the next arrival."""
+    decode iterations) ends at the first that ends at or after the next arrival; ``tick``
+    is called after each (progress)."""
     pos, n = 0, len(share)
     while pos < n or not server.idle:
         if server.idle:
@@ -872,6 +886,8 @@ def _serve(server: Server, share: Sequence[tuple[float, int, Request]]) -> None:
             server.accept(i, req)
             pos += 1
         server.iterate(share[pos][0] if pos < n else math.inf)
+        if tick is not None:
+            tick()
 
 
 def _merge(records: Sequence[RunRecord]) -> RunRecord:
