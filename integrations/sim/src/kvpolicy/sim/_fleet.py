@@ -809,7 +809,7 @@ class _Run:
                 ),
                 views,
             )
-            if rid is None:  # placed nowhere: as in the loop, it waits to the end
+            if rid is None:  # no replica may take it (none drains here): it waits, as in the loop
                 continue
             chosen = self._by_id.get(rid)
             if chosen is None:
