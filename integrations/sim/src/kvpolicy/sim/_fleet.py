@@ -589,36 +589,35 @@ class _Run:
             else:
                 serving = self._serving()
                 views = ReplicaViews.trusted([self._observed(r, now, among) for r in serving])
-            rid = router.route(
-                RoutingRequest(
-                    request_id=req.request_id,
-                    prompt_len=max(req.prompt_len, 1),
-                    block_hashes=hashes,
-                    label=req.tenant or "default",
-                ),
-                views,
-            )
+            rid = router.route(_routing_request(req, hashes), views)
             if rid is None:
                 keep.append(i)
                 knocked.append(at)
                 continue
-            chosen = self._by_id.get(rid)
-            if chosen is None or chosen.draining or chosen.down < math.inf or chosen.up > self._now:
-                raise SimError(
-                    f"router {type(router).__name__} placed request {req.request_id!r} on "
-                    f"{rid!r}, not a serving replica of {sorted(x.rid for x in serving)}"
-                )
+            chosen = self._placed(i, rid, serving)
             # It joins when its replica's clock reaches the time it knocked (a replica
             # started later joins it at its start): a decode run under way ends there.
             chosen.inbox.append((at, i, req))
-            chosen.requests += 1
-            self._assigned[i] = chosen.index
             if chosen.server.pending:
                 self._settle(chosen, at)
             else:
                 self._touch(chosen)
         self._queue = keep
         self._knocked = knocked
+
+    def _placed(self, i: int, rid: str, serving: Sequence[_Replica]) -> _Replica:
+        """The replica ``rid`` the router placed request ``i`` on, counted; a
+        :class:`SimError` when it is not one of ``serving`` taking requests."""
+        chosen = self._by_id.get(rid)
+        if chosen is None or chosen.draining or chosen.down < math.inf or chosen.up > self._now:
+            raise SimError(
+                f"router {type(self._fleet._router).__name__} placed request "
+                f"{self._reqs[i].request_id!r} on {rid!r}, not a serving replica of "
+                f"{sorted(x.rid for x in serving)}"
+            )
+        chosen.requests += 1
+        self._assigned[i] = chosen.index
+        return chosen
 
     # ------------------------------------------------------------------ control
     def _control_time(self) -> float:
@@ -800,26 +799,10 @@ class _Run:
         shares: list[list[tuple[float, int, Request]]] = [[] for _ in self._replicas]
         for i, at in zip(entered, times, strict=True):
             req = reqs[i]
-            rid = router.route(
-                RoutingRequest(
-                    request_id=req.request_id,
-                    prompt_len=max(req.prompt_len, 1),
-                    block_hashes=engine0.hashes(req),
-                    label=req.tenant or "default",
-                ),
-                views,
-            )
+            rid = router.route(_routing_request(req, engine0.hashes(req)), views)
             if rid is None:  # no replica may take it (none drains here): it waits, as in the loop
                 continue
-            chosen = self._by_id.get(rid)
-            if chosen is None:
-                raise SimError(
-                    f"router {type(router).__name__} placed request {req.request_id!r} on "
-                    f"{rid!r}, not a serving replica of {sorted(x.rid for x in serving)}"
-                )
-            shares[chosen.index].append((at, i, req))
-            chosen.requests += 1
-            self._assigned[i] = chosen.index
+            shares[self._placed(i, rid, serving).index].append((at, i, req))
         tick = None
         if progress is not None:
             every, last = max(1, n // 200), [-1]
@@ -864,6 +847,16 @@ class _Run:
             peak_replicas=self._peak,
             reclaimed=self._reclaimed,
         )
+
+
+def _routing_request(req: Request, hashes: tuple[int, ...]) -> RoutingRequest:
+    """``req`` as its router sees it, with its prompt's block ``hashes``."""
+    return RoutingRequest(
+        request_id=req.request_id,
+        prompt_len=max(req.prompt_len, 1),
+        block_hashes=hashes,
+        label=req.tenant or "default",
+    )
 
 
 def _serve(
