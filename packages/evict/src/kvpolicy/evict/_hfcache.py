@@ -43,6 +43,7 @@ from attrs import define, field, frozen
 from numpy.typing import NDArray
 from transformers.cache_utils import CacheLayerMixin
 
+from kvpolicy.evict._gqa import grouped_output, grouped_scores
 from kvpolicy.evict._precision import EVICTED, PrecisionCosts
 from kvpolicy.evict._quantize import fake_quantize
 from kvpolicy.evict._replay import Residency, replay
@@ -524,23 +525,20 @@ def policy_attention(
         ``(output (rows, q, heads, head_dim), weights (rows, heads, q, k))``.
     """
     layer = _take_handoff(key)
-    groups = query.shape[1] // key.shape[1]
-    k = key.repeat_interleave(groups, dim=1)
-    v = value.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(query, k.transpose(2, 3)).float() * scaling
+    scores = grouped_scores(query, key).float() * scaling
     queries = int(query.shape[2])
     real = None
     if layer is not None:
         allowed, real = layer.mask(queries, attention_mask, scores.device)
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     elif attention_mask is not None:
-        block = attention_mask[..., : k.shape[-2]]
+        block = attention_mask[..., : key.shape[-2]]
         if block.dtype == torch.bool:
             scores = scores.masked_fill(~block, torch.finfo(scores.dtype).min)
         else:
             scores = scores + block.float()
     weights = torch.softmax(scores, dim=-1).to(query.dtype)
-    out = torch.matmul(weights, v).transpose(1, 2).contiguous()
+    out = grouped_output(weights, value).transpose(1, 2).contiguous()
     if layer is not None and real is not None:
         layer.after_attention(weights, real)
     return out, weights

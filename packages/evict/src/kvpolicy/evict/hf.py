@@ -62,6 +62,7 @@ from typing import Any, cast
 import numpy as np
 from transformers.cache_utils import Cache
 
+from kvpolicy.evict._gqa import grouped_output, grouped_scores
 from kvpolicy.evict._hfcache import (
     ATTENTION,
     ByteBudget,
@@ -73,7 +74,7 @@ from kvpolicy.evict._mixed import TokenPDMixed, UniformPrecision
 from kvpolicy.evict._precision import PrecisionCosts
 from kvpolicy.kvmodel import DemotingPolicy, EvictionPolicy
 
-__all__ = ["ATTENTION", "PolicyCache", "PolicyLayer"]
+__all__ = ["ATTENTION", "PolicyCache", "PolicyLayer", "grouped_output", "grouped_scores"]
 
 
 def _check_tokens(budget_tokens: object) -> int:

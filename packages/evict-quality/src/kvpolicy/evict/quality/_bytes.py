@@ -78,15 +78,14 @@ def _padded_eager(
     """
     import torch
 
-    groups = query.shape[1] // key.shape[1]
-    k = key.repeat_interleave(groups, dim=1)
-    v = value.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(query, k.transpose(2, 3)) * scaling
+    from kvpolicy.evict.hf import grouped_output, grouped_scores
+
+    scores = grouped_scores(query, key) * scaling
     valid = _VALID.get(int(getattr(module, "layer_idx", -1)))
     if valid is not None:
         scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    out = torch.matmul(weights, v).transpose(1, 2).contiguous()
+    out = grouped_output(weights, value).transpose(1, 2).contiguous()
     return out, weights
 
 

@@ -94,14 +94,13 @@ def _ragged_eager(
     """
     import torch
 
-    groups = query.shape[1] // key.shape[1]
-    k = key.repeat_interleave(groups, dim=1)
-    v = value.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(query, k.transpose(2, 3)) * scaling
+    from kvpolicy.evict.hf import grouped_output, grouped_scores
+
+    scores = grouped_scores(query, key) * scaling
     if attention_mask is not None and query.shape[2] > 1:
-        scores = scores + attention_mask[..., : k.shape[-2]]
+        scores = scores + attention_mask[..., : key.shape[-2]]
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    out = torch.matmul(weights, v).transpose(1, 2).contiguous()
+    out = grouped_output(weights, value).transpose(1, 2).contiguous()
     return out, weights
 
 
