@@ -36,7 +36,7 @@ def _repeated(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tu
     [
         (r, h, kvh, q, k)
         for (r, (h, kvh), q, k) in itertools.product(
-            (1, 3, 6), ((9, 3), (8, 2), (4, 4), (6, 1)), (1, 5), (1, 17, 512, 2049)
+            (1, 3), ((9, 3), (8, 2), (4, 4), (6, 1)), (1, 5), (1, 17, 1100)
         )
     ],
 )
