@@ -302,3 +302,64 @@ def test_the_commands_baseline_name_is_the_harness() -> None:
     from kvpolicy.evict.quality import FULL
 
     assert _evict_cli.FULL == FULL
+
+
+class TestLogProgress:
+    """Progress of a long run written to a log (no terminal): plain lines, not a bar."""
+
+    def _progress(self, every_s: float = 60.0) -> tuple[Any, Any, list[float]]:
+        import io
+
+        from rich.console import Console
+
+        from kvpolicy.commands import _evict_cli
+
+        out = io.StringIO()
+        console = Console(file=out, force_terminal=False, width=200)
+        now = [0.0]
+        progress = _evict_cli._progress(console)
+        assert isinstance(progress, _evict_cli.LogProgress)
+        progress._every = every_s
+        progress._clock = lambda: now[0]
+        return progress, out, now
+
+    def test_lines_at_most_every_interval_with_time_left(self) -> None:
+        """A line when the task starts, one when at least the interval has passed since the
+        last (with the share done and the time left at the rate so far), one at the end."""
+        progress, out, now = self._progress()
+        with progress as bar:
+            task = bar.add_task("decoding", total=4000)
+            for step in range(4000):
+                now[0] = step * 0.09  # 9 s per 100 steps: 6 min in all
+                bar.advance(task, 1)
+        lines = out.getvalue().splitlines()
+        assert lines[0] == "decoding: 0 / 4,000 (0%), 0 s"
+        assert len(lines) == 2 + 5  # every 60 s over 360 s, and the last
+        assert lines[1] == "decoding: 668 / 4,000 (17%), 60 s, about 5.0 min left"
+        assert lines[-1] == "decoding: 4,000 / 4,000 (100%), 6.0 min"
+
+    def test_a_renamed_task_says_so(self) -> None:
+        """Renaming a task (the next batch of runs) writes a line with the new name."""
+        progress, out, _ = self._progress()
+        with progress as bar:
+            task = bar.add_task("decoding", total=10)
+            bar.update(task, description="[2/3] license h2o 0.25")
+            bar.update(task, description="[2/3] license h2o 0.25")  # unchanged: no line
+        lines = out.getvalue().splitlines()
+        assert lines == [
+            "decoding: 0 / 10 (0%), 0 s",
+            "[2/3] license h2o 0.25: 0 / 10 (0%), 0 s",
+            "[2/3] license h2o 0.25: 0 / 10 (0%), 0 s",
+        ]
+
+    def test_a_terminal_gets_the_live_bar(self) -> None:
+        """On a terminal the bar is rich's own."""
+        import io
+
+        from rich.console import Console
+        from rich.progress import Progress
+
+        from kvpolicy.commands import _evict_cli
+
+        console = Console(file=io.StringIO(), force_terminal=True)
+        assert isinstance(_evict_cli._progress(console), Progress)
