@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvpolicy.evict.quality.onepass import Layout, main, onepass_nll
+from kvpolicy.evict.quality.onepass import Layout, main, onepass_nll, onepass_scores
 
 
 def test_bad_layouts_are_named() -> None:
@@ -62,6 +62,19 @@ class TestOnePass:
             narrow = onepass_nll(tiny, ids, Layout(4, axis, 1))
             assert float(np.abs(narrow - full).max()) > 1e-4
 
+    def test_scores_say_which_next_tokens_the_model_got(self, tiny: Any, ids: torch.Tensor) -> None:
+        """``onepass_scores`` gives the losses of ``onepass_nll`` and, per position, whether
+        the model's most likely next token is the text's (at 16 bits: its own argmax)."""
+        for layout in (Layout(16), Layout(4, "token", 1)):
+            nll, correct = onepass_scores(tiny, ids, layout)
+            np.testing.assert_array_equal(nll, onepass_nll(tiny, ids, layout))
+            assert correct.shape == (39,)
+            assert correct.dtype == np.bool_
+        _, correct = onepass_scores(tiny, ids, Layout(16))
+        with torch.no_grad():
+            logits = tiny.model(input_ids=ids.unsqueeze(0)).logits[0, :-1]
+        np.testing.assert_array_equal(correct, (logits.argmax(-1) == ids[1:]).numpy())
+
     def test_one_text_of_two_tokens_at_least(self, tiny: Any) -> None:
         """A single token, or two texts, is a ValueError naming the shape."""
         with pytest.raises(ValueError, match="one text of >= 2 tokens"):
@@ -111,3 +124,21 @@ class TestOnePassCommandLine:
             assert low <= r["vs_full"][0] <= high
             assert r["perplexity"] == pytest.approx(r["full_perplexity"] * r["vs_full"][0])
             assert math.isfinite(r["perplexity"])
+
+    def test_needle_rows_carry_the_recall(
+        self, lm: Any, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """``--task needle`` reads the needle prompt and writes the recall per depth of the
+        layout and of the full cache beside the perplexities."""
+        out = tmp_path / "needle.jsonl"
+        argv = ["--task", "needle", "--text", "license", "--tokens", "512", "--bits", "4"]
+        assert main([*argv, "--key-axis", "token", "--window", "1", "--out", str(out)]) == 0
+        (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+        assert row["prompt"] == "needle"
+        assert row["tokens"] == 512
+        for key in ("depth_accuracy", "full_depth_accuracy"):
+            assert set(row[key]) == {"0.25", "0.5", "0.75"}
+        assert row["accuracy"] == pytest.approx(sum(row["depth_accuracy"].values()) / 3)
+        assert 0.0 <= row["accuracy"] <= 1.0
+        assert row["full_accuracy"] > 0.5
+        assert "recall" in capsys.readouterr().out

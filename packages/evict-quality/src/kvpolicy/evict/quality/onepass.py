@@ -12,6 +12,11 @@ full cache's, with the paired block-bootstrap interval, is the layout's own cost
 token row takes seconds, against minutes for ``kvpolicy evict eval``'s token-by-token
 decode.
 
+``--task needle`` reads the needle prompt instead (records planted at 25%, 50% and 75% of
+the text as filler, ``kvpolicy evict eval --task needle``'s prompt) and adds the recall of
+the planted digits per depth to each row: a uniform layout's needle row at 4,096 tokens in
+minutes.
+
 It is not the decode harness: there a token is quantized after the step that wrote it
 (``window`` 1 here), and a per-channel group when its ``group_size`` tokens are all
 written, so its newest 1 to ``group_size`` tokens are at 16 bits (a window that moves in
@@ -39,7 +44,7 @@ from kvpolicy.evict.quality._bootstrap import bootstrap_ratio
 from kvpolicy.evict.quality._decode import _ragged_eager, _register_attention
 from kvpolicy.evict.quality._model import CausalLM
 
-__all__ = ["Layout", "main", "onepass_nll"]
+__all__ = ["Layout", "main", "onepass_nll", "onepass_scores"]
 
 _ATTENTION = "kvpolicy_onepass"
 
@@ -97,22 +102,22 @@ def _onepass_attention(
     layout = _ACTIVE[-1]
     if layout.bits == 16:  # nothing quantized: the harness's eager attention
         return _ragged_eager(module, query, key, value, attention_mask, scaling)
-    groups = query.shape[1] // key.shape[1]
+    from kvpolicy.evict.hf import grouped_output, grouped_scores
+
     k_len, q_len = key.shape[-2], query.shape[-2]
     kq = fake_quantize(key, layout.bits, layout.group_size, layout.key_axis)
     vq = fake_quantize(value, layout.bits, layout.group_size, "token")
     rows = torch.arange(k_len - q_len, k_len).unsqueeze(1)
     near = (rows - torch.arange(k_len).unsqueeze(0)) < layout.window
-    k, v, kq, vq = (t.repeat_interleave(groups, dim=1) for t in (key, value, kq, vq))
     scores = torch.where(
         near,
-        torch.matmul(query, k.transpose(2, 3)) * scaling,
-        torch.matmul(query, kq.transpose(2, 3)) * scaling,
+        grouped_scores(query, key) * scaling,
+        grouped_scores(query, kq) * scaling,
     )
     if attention_mask is not None:
         scores = scores + attention_mask[..., :k_len]
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    out = torch.matmul(weights * near, v) + torch.matmul(weights * ~near, vq)
+    out = grouped_output(weights * near, value) + grouped_output(weights * ~near, vq)
     return out.transpose(1, 2).contiguous(), weights
 
 
@@ -140,6 +145,14 @@ def onepass_nll(lm: CausalLM, input_ids: Any, layout: Layout) -> NDArray[np.floa
     Raises:
         ValueError: fewer than 2 tokens, or more than one text.
     """
+    return onepass_scores(lm, input_ids, layout)[0]
+
+
+def onepass_scores(
+    lm: CausalLM, input_ids: Any, layout: Layout
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """:func:`onepass_nll`'s losses, and whether the model's most likely next token was
+    the text's (``correct``, as a decode's: what the needle's accuracy reads)."""
     import torch
 
     ids = torch.as_tensor(input_ids, dtype=torch.long)
@@ -150,7 +163,16 @@ def onepass_nll(lm: CausalLM, input_ids: Any, layout: Layout) -> NDArray[np.floa
     with _applied(lm, layout), torch.no_grad():
         logits = lm.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
     nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")
-    return nll.double().numpy()
+    correct = (logits.argmax(dim=-1) == ids[0, 1:]).numpy()
+    return nll.double().numpy(), correct
+
+
+def _recall(needle: Any, correct: NDArray[np.bool_]) -> str:
+    """``, recall 93% (80/100/100 by depth)`` for a needle prompt, else nothing."""
+    if needle is None:
+        return ""
+    by_depth = "/".join(f"{100 * v:.0f}" for v in needle.depth_accuracy(correct).values())
+    return f", recall {100 * needle.accuracy(correct):.0f}% ({by_depth} by depth)"
 
 
 def _ints(parser: argparse.ArgumentParser, flag: str, raw: str) -> list[int]:
@@ -170,6 +192,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m kvpolicy.evict.quality.onepass", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--text", default="license,code,docs")
+    parser.add_argument(
+        "--task",
+        choices=("ppl", "needle"),
+        default="ppl",
+        help="ppl: the text itself; needle: records planted at 25/50/75%% of it as filler, "
+        "scored as `kvpolicy evict eval --task needle` scores them",
+    )
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--bits", default="4", help="comma-separated: 8, 4, 2")
     parser.add_argument("--key-axis", default="token,channel", help="token, channel or both")
@@ -201,23 +230,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     lm = load_smollm2()
     for name in texts:
         text, source = eval_text(name)
-        ids = lm.encode(text, args.tokens)
-        full = onepass_nll(lm, ids, Layout(16))
+        needle = None
+        if args.task == "needle":
+            from kvpolicy.evict.quality._needle import build_needle
+
+            try:
+                needle = build_needle(lm.tokenizer, text, args.tokens)
+            except ValueError as exc:
+                parser.error(f"--text {name}: {exc}")
+            ids = needle.input_ids
+        else:
+            ids = lm.encode(text, args.tokens)
+        full, full_correct = onepass_scores(lm, ids, Layout(16))
         base = math.exp(float(full.mean()))
-        print(f"{name}: full cache {base:.3f} over {full.size + 1} tokens", flush=True)
+        print(
+            f"{name}: full cache {base:.3f} over {full.size + 1} tokens"
+            + _recall(needle, full_correct),
+            flush=True,
+        )
         for layout in layouts:
-            nll = onepass_nll(lm, ids, layout)
+            nll, correct = onepass_scores(lm, ids, layout)
             ratio = bootstrap_ratio(nll, full)
             ppl = math.exp(float(nll.mean()))
             pct = [100 * (x - 1) for x in (ratio.value, ratio.low, ratio.high)]
             print(
                 f"{name}: {layout.label}: {ppl:.3f} "
-                f"({pct[0]:+.2f}% [{pct[1]:+.2f}, {pct[2]:+.2f}])",
+                f"({pct[0]:+.2f}% [{pct[1]:+.2f}, {pct[2]:+.2f}])" + _recall(needle, correct),
                 flush=True,
             )
             if args.out is not None:
                 row = {
                     "task": "onepass",
+                    "prompt": args.task,
                     "text": name,
                     "source": source,
                     "tokens": full.size + 1,
@@ -226,6 +270,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "full_perplexity": base,
                     "vs_full": [ratio.value, ratio.low, ratio.high],
                 }
+                if needle is not None:
+                    row.update(
+                        accuracy=needle.accuracy(correct),
+                        depth_accuracy=needle.depth_accuracy(correct),
+                        full_accuracy=needle.accuracy(full_correct),
+                        full_depth_accuracy=needle.depth_accuracy(full_correct),
+                    )
                 with args.out.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
     return 0
