@@ -63,23 +63,13 @@ def grouped_scores(query: Any, key: Any) -> Any:
         dim=1).transpose(2, 3)`` gives, bit for bit.
     """
     groups = _groups(int(query.shape[1]), int(key.shape[1]))
-    rows, heads, q, dim = (int(s) for s in query.shape)
-    kv_heads, k = int(key.shape[1]), int(key.shape[2])
+    rows, kv_heads = int(query.shape[0]), int(key.shape[1])
     if groups == 1:
         return torch.matmul(query, key.transpose(2, 3))
-    if _repeats(rows, kv_heads, groups, k * dim * key.element_size()):
+    per_head = int(key.shape[2]) * int(key.shape[3]) * key.element_size()
+    if _repeats(rows, kv_heads, groups, per_head):
         return torch.matmul(query, key.repeat_interleave(groups, dim=1).transpose(2, 3))
-    # One batched product per group, as the repeated form's is (``matmul`` of 4-d
-    # tensors is ``bmm`` over rows * heads).
-    kt = key.transpose(2, 3).reshape(rows * kv_heads, dim, k)
-    parts = [
-        torch.bmm(query[:, g::groups].reshape(rows * kv_heads, q, dim), kt).reshape(
-            rows, kv_heads, q, k
-        )
-        for g in range(groups)
-    ]
-    # (rows, kv_heads, groups, q, k): query head j * groups + g at [j, g].
-    return torch.stack(parts, dim=2).reshape(rows, heads, q, k)
+    return _per_group(query, key.transpose(2, 3), groups)
 
 
 def grouped_output(weights: Any, value: Any) -> Any:
@@ -95,19 +85,27 @@ def grouped_output(weights: Any, value: Any) -> Any:
     """
     kv_heads = int(value.shape[1])
     groups = _groups(int(weights.shape[1]), kv_heads)
-    rows, k = int(weights.shape[0]), int(value.shape[2])
     if groups == 1:
         return torch.matmul(weights, value)
-    if _repeats(rows, kv_heads, groups, k * int(value.shape[3]) * value.element_size()):
+    per_head = int(value.shape[2]) * int(value.shape[3]) * value.element_size()
+    if _repeats(int(weights.shape[0]), kv_heads, groups, per_head):
         return torch.matmul(weights, value.repeat_interleave(groups, dim=1))
-    rows, heads, q, k = (int(s) for s in weights.shape)
-    dim = int(value.shape[3])
-    by_group = weights.reshape(rows, kv_heads, groups, q, k)
-    v = value.reshape(rows * kv_heads, k, dim)
+    return _per_group(weights, value, groups)
+
+
+def _per_group(a: Any, b: Any, groups: int) -> Any:
+    """``a @ b`` with query head ``j * groups + g`` of ``a`` (rows, heads, q, x) reading head
+    ``j`` of ``b`` (rows, kv_heads, x, y): one batched product per group ``g``, as the
+    repeated form's is (``matmul`` of 4-d tensors is ``bmm`` over rows * heads)."""
+    rows, heads, q, x = (int(s) for s in a.shape)
+    kv_heads, y = int(b.shape[1]), int(b.shape[3])
+    by_group = a.reshape(rows, kv_heads, groups, q, x)
+    flat = b.reshape(rows * kv_heads, x, y)
     parts = [
-        torch.bmm(by_group[:, :, g].reshape(rows * kv_heads, q, k), v).reshape(
-            rows, kv_heads, q, dim
+        torch.bmm(by_group[:, :, g].reshape(rows * kv_heads, q, x), flat).reshape(
+            rows, kv_heads, q, y
         )
         for g in range(groups)
     ]
-    return torch.stack(parts, dim=2).reshape(rows, heads, q, dim)
+    # (rows, kv_heads, groups, q, y): query head j * groups + g at [j, g].
+    return torch.stack(parts, dim=2).reshape(rows, heads, q, y)
