@@ -82,9 +82,50 @@ class TestOnePass:
         with pytest.raises(ValueError, match="one text of >= 2 tokens"):
             onepass_nll(tiny, torch.ones((2, 8), dtype=torch.long), Layout(4))
 
+    def test_a_perturbation_moves_only_what_is_quantized(
+        self, tiny: Any, ids: torch.Tensor
+    ) -> None:
+        """``perturb`` 0 is the plain pass; a perturbation is reproducible by its seed,
+        another seed gives other losses, and at 16 bits (nothing quantized) or with every
+        token inside the window (the quantized copies never read) nothing moves."""
+        plain = onepass_nll(tiny, ids, Layout(4, "token", 1))
+        np.testing.assert_array_equal(
+            onepass_nll(tiny, ids, Layout(4, "token", 1), perturb=0.0, seed=3), plain
+        )
+        a = onepass_nll(tiny, ids, Layout(4, "token", 1), perturb=1e-3, seed=1)
+        np.testing.assert_array_equal(
+            onepass_nll(tiny, ids, Layout(4, "token", 1), perturb=1e-3, seed=1), a
+        )
+        b = onepass_nll(tiny, ids, Layout(4, "token", 1), perturb=1e-3, seed=2)
+        assert float(np.abs(a - plain).max()) > 0
+        assert float(np.abs(a - b).max()) > 0
+        full = onepass_nll(tiny, ids, Layout(16))
+        np.testing.assert_array_equal(onepass_nll(tiny, ids, Layout(16), perturb=1e-3), full)
+        covered = onepass_nll(tiny, ids, Layout(4, "token", 40), perturb=1e-3, seed=1)
+        np.testing.assert_allclose(covered, full, rtol=0, atol=1e-5)
+
+    def test_a_bad_perturbation_is_named(self, tiny: Any, ids: torch.Tensor) -> None:
+        """A negative, huge or non-finite scale, or a seed that is no int, is refused."""
+        for bad in (-1e-7, 0.01, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="'perturb' must be finite"):
+                onepass_nll(tiny, ids, Layout(4), perturb=bad)
+        with pytest.raises(TypeError, match="'perturb' must be a number"):
+            onepass_nll(tiny, ids, Layout(4), perturb=True)
+        with pytest.raises(TypeError, match="'seed' must be an int"):
+            onepass_nll(tiny, ids, Layout(4), perturb=1e-7, seed=1.5)  # type: ignore[arg-type]
+
     def test_command_line_refuses_bad_flags(self) -> None:
-        """A bad window, bits or text is an argparse error before the model loads."""
-        for argv in (["--window", "0"], ["--bits", "3"], ["--window", "x"], ["--text", "nope"]):
+        """A bad window, bits, text or perturbation is an argparse error before the model
+        loads."""
+        for argv in (
+            ["--window", "0"],
+            ["--bits", "3"],
+            ["--window", "x"],
+            ["--text", "nope"],
+            ["--perturb-runs", "-1"],
+            ["--perturb-scale", "0"],
+            ["--perturb-scale", "nan"],
+        ):
             with pytest.raises(SystemExit):
                 main(argv)
 
@@ -107,6 +148,10 @@ class TestOnePassCommandLine:
                     "1,4",
                     "--key-axis",
                     "token",
+                    "--perturb-runs",
+                    "2",
+                    "--perturb-scale",
+                    "1e-3",
                     "--out",
                     str(out),
                 ]
@@ -124,6 +169,9 @@ class TestOnePassCommandLine:
             assert low <= r["vs_full"][0] <= high
             assert r["perplexity"] == pytest.approx(r["full_perplexity"] * r["vs_full"][0])
             assert math.isfinite(r["perplexity"])
+            assert r["perturb_scale"] == 1e-3
+            assert len(r["perturbed_perplexity"]) == 2
+            assert all(math.isfinite(p) for p in r["perturbed_perplexity"])
 
     def test_needle_rows_carry_the_recall(
         self, lm: Any, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]

@@ -23,6 +23,17 @@ written, so its newest 1 to ``group_size`` tokens are at 16 bits (a window that 
 steps); here a per-channel group's tokens are quantized as soon as they leave the window.
 Use it to see where quantization error hurts (RESULTS.md, "What int4 loses is the newest
 tokens"), and the harness to rank policies.
+
+``--perturb-runs N`` runs each quantized layout ``N`` more times with the keys and values
+entering the quantizer multiplied by ``1 + scale * z`` (``z`` standard normal, seeds 1..N,
+``--perturb-scale``, default 1e-7: about one float32 rounding). Round-to-nearest is not
+continuous: an element that lies within a rounding of a step's midpoint flips to the next
+step, the next tokens' hidden states move, and more elements flip in the layers above; so
+two computations of one layout that differ only in float rounding (a batched against a
+single-row product, a one-pass forward against a token-by-token decode) give different
+perplexities. The spread of the perturbed runs is that numerical spread, which the paired
+bootstrap interval (over positions) does not contain (RESULTS.md, "Rounding-level
+spread").
 """
 
 from __future__ import annotations
@@ -77,8 +88,34 @@ class Layout:
         return f"int{self.bits} keys per {self.key_axis}, window {self.window}"
 
 
-_ACTIVE: list[Layout] = []
-"""The layout the registered attention applies (the innermost :func:`_applied`)."""
+PERTURB_SCALE = 1e-7
+"""The command line's default relative perturbation (about one float32 rounding: its unit
+roundoff is 6e-8)."""
+
+
+@attrs.frozen
+class _Pass:
+    """What the registered attention applies in one pass."""
+
+    layout: Layout
+    perturb: float
+    """Relative scale of the perturbation of the quantizer's inputs (0: none)."""
+    generator: Any
+    """The seeded ``torch.Generator`` of the perturbation (None when ``perturb`` is 0)."""
+
+    def quantized(self, x: Any, key_axis: str) -> Any:
+        """``x`` as the layout's quantized cache holds it (perturbed first, if asked)."""
+        import torch
+
+        layout = self.layout
+        if self.perturb:
+            noise = torch.randn(x.shape, generator=self.generator, dtype=x.dtype)
+            x = x * (1 + self.perturb * noise)
+        return fake_quantize(x, layout.bits, layout.group_size, key_axis)
+
+
+_ACTIVE: list[_Pass] = []
+"""The pass the registered attention applies (the innermost :func:`_applied`)."""
 
 
 def _onepass_attention(
@@ -99,14 +136,15 @@ def _onepass_attention(
     """
     import torch
 
-    layout = _ACTIVE[-1]
+    active = _ACTIVE[-1]
+    layout = active.layout
     if layout.bits == 16:  # nothing quantized: the harness's eager attention
         return _ragged_eager(module, query, key, value, attention_mask, scaling)
     from kvpolicy.evict.hf import grouped_output, grouped_scores
 
     k_len, q_len = key.shape[-2], query.shape[-2]
-    kq = fake_quantize(key, layout.bits, layout.group_size, layout.key_axis)
-    vq = fake_quantize(value, layout.bits, layout.group_size, "token")
+    kq = active.quantized(key, layout.key_axis)
+    vq = active.quantized(value, "token")
     rows = torch.arange(k_len - q_len, k_len).unsqueeze(1)
     near = (rows - torch.arange(k_len).unsqueeze(0)) < layout.window
     scores = torch.where(
@@ -122,10 +160,10 @@ def _onepass_attention(
 
 
 @contextlib.contextmanager
-def _applied(lm: CausalLM, layout: Layout) -> Iterator[None]:
+def _applied(lm: CausalLM, active: _Pass) -> Iterator[None]:
     _register_attention(_ATTENTION, _onepass_attention)
     previous = lm.model.config._attn_implementation
-    _ACTIVE.append(layout)
+    _ACTIVE.append(active)
     lm.model.set_attn_implementation(_ATTENTION)
     try:
         yield
@@ -134,33 +172,47 @@ def _applied(lm: CausalLM, layout: Layout) -> Iterator[None]:
         _ACTIVE.pop()
 
 
-def onepass_nll(lm: CausalLM, input_ids: Any, layout: Layout) -> NDArray[np.float64]:
+def onepass_nll(
+    lm: CausalLM, input_ids: Any, layout: Layout, *, perturb: float = 0.0, seed: int = 0
+) -> NDArray[np.float64]:
     """Per-token losses of positions 1..n-1 of one text read through ``layout``.
 
     Args:
         lm: the model.
         input_ids: (1, n) or (n,) token ids, n >= 2.
         layout: how the tokens older than each query's window are held.
+        perturb: relative scale of a perturbation of the keys and values entering the
+            quantizer, each multiplied by ``1 + perturb * z`` with ``z`` standard normal
+            (0: none; the window's tokens are read unperturbed). See the module docstring.
+        seed: the perturbation's seed.
 
     Raises:
-        ValueError: fewer than 2 tokens, or more than one text.
+        ValueError: fewer than 2 tokens, or more than one text; ``perturb`` negative, not
+            finite or 0.01 or more.
     """
-    return onepass_scores(lm, input_ids, layout)[0]
+    return onepass_scores(lm, input_ids, layout, perturb=perturb, seed=seed)[0]
 
 
 def onepass_scores(
-    lm: CausalLM, input_ids: Any, layout: Layout
+    lm: CausalLM, input_ids: Any, layout: Layout, *, perturb: float = 0.0, seed: int = 0
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """:func:`onepass_nll`'s losses, and whether the model's most likely next token was
     the text's (``correct``, as a decode's: what the needle's accuracy reads)."""
     import torch
 
+    if isinstance(perturb, bool) or not isinstance(perturb, int | float):
+        raise TypeError(f"'perturb' must be a number: {perturb!r}")
+    if not (math.isfinite(perturb) and 0 <= perturb < 0.01):
+        raise ValueError(f"'perturb' must be finite, >= 0 and < 0.01: {perturb!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"'seed' must be an int: {seed!r}")
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
     if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
         raise ValueError(f"'input_ids' must be one text of >= 2 tokens: shape {tuple(ids.shape)}")
-    with _applied(lm, layout), torch.no_grad():
+    generator = torch.Generator().manual_seed(seed) if perturb else None
+    with _applied(lm, _Pass(layout, float(perturb), generator)), torch.no_grad():
         logits = lm.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
     nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")
     correct = (logits.argmax(dim=-1) == ids[0, 1:]).numpy()
@@ -204,10 +256,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--key-axis", default="token,channel", help="token, channel or both")
     parser.add_argument("--window", default="1,8,32", help="comma-separated, each >= 1")
     parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument(
+        "--perturb-runs",
+        type=int,
+        default=0,
+        help="run each quantized layout this many more times, its quantizer's inputs "
+        "perturbed at --perturb-scale (seeds 1..N): the numerical spread (docstring)",
+    )
+    parser.add_argument("--perturb-scale", type=float, default=PERTURB_SCALE)
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args(argv)
     if args.tokens < 2:
         parser.error(f"--tokens must be >= 2: {args.tokens}")
+    if args.perturb_runs < 0:
+        parser.error(f"--perturb-runs must be >= 0: {args.perturb_runs}")
+    if not (math.isfinite(args.perturb_scale) and 0 < args.perturb_scale < 0.01):
+        parser.error(f"--perturb-scale must be > 0 and < 0.01: {args.perturb_scale}")
     axes = [a.strip() for a in args.key_axis.split(",") if a.strip()]
     layouts = []
     for bits in _ints(parser, "--bits", args.bits):
@@ -258,6 +322,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"({pct[0]:+.2f}% [{pct[1]:+.2f}, {pct[2]:+.2f}])" + _recall(needle, correct),
                 flush=True,
             )
+            perturbed: list[float] = []
+            for seed in range(1, args.perturb_runs + 1):
+                other = onepass_nll(lm, ids, layout, perturb=args.perturb_scale, seed=seed)
+                perturbed.append(math.exp(float(other.mean())))
+            if perturbed:
+                low, high = min(perturbed) / base - 1, max(perturbed) / base - 1
+                print(
+                    f"{name}: {layout.label}: perturbed at {args.perturb_scale:g}, "
+                    f"{len(perturbed)} runs: {100 * low:+.2f}% to {100 * high:+.2f}%",
+                    flush=True,
+                )
             if args.out is not None:
                 row = {
                     "task": "onepass",
@@ -270,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "full_perplexity": base,
                     "vs_full": [ratio.value, ratio.low, ratio.high],
                 }
+                if perturbed:
+                    row.update(perturb_scale=args.perturb_scale, perturbed_perplexity=perturbed)
                 if needle is not None:
                     row.update(
                         accuracy=needle.accuracy(correct),
