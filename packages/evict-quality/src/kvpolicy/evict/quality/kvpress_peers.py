@@ -301,8 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     texts, budgets = cli_texts_and_budgets(parser, args.text, args.budget)
     import torch
     import transformers
+    from rich.console import Console
+
+    from kvpolicy.commands._evict_progress import progress_for
 
     torch.set_num_threads(1)
+    console = Console(stderr=True)  # a live bar on a terminal, a line a minute in a log
     lm = load_smollm2()
     done = {row_key(r) for r in read_rows(args.out)}
     version = {"kvpress": _version("kvpress"), "transformers": transformers.__version__}
@@ -367,7 +371,11 @@ def main(argv: list[str] | None = None) -> int:
                 target_size=target,
                 order_kept=not args.as_shipped,
             )
-        results = decode_with_press(lm, batch, press, cache=cache)
+        with progress_for(console) as bar:
+            task = bar.add_task(f"{label} at {b:g}", total=batch.shape[1] - 1)
+            results = decode_with_press(
+                lm, batch, press, cache=cache, progress=lambda k, t=task: bar.advance(t, k)
+            )
         for text, key, lookup, r in zip(texts, keys, lookups, results, strict=True):
             if row_key(key) in done:
                 continue
