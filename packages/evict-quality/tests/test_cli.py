@@ -307,7 +307,7 @@ def test_the_commands_baseline_name_is_the_harness() -> None:
 class TestLogProgress:
     """Progress of a long run written to a log (no terminal): plain lines, not a bar."""
 
-    def _progress(self, every_s: float = 60.0) -> tuple[Any, Any, list[float]]:
+    def _progress(self, every_s: float = 60.0, width: int = 200) -> tuple[Any, Any, list[float]]:
         import io
 
         from rich.console import Console
@@ -315,7 +315,7 @@ class TestLogProgress:
         from kvpolicy.commands import _evict_progress
 
         out = io.StringIO()
-        console = Console(file=out, force_terminal=False, width=200)
+        console = Console(file=out, force_terminal=False, width=width)
         now = [0.0]
         progress = _evict_progress.progress_for(console)
         assert isinstance(progress, _evict_progress.LogProgress)
@@ -337,6 +337,19 @@ class TestLogProgress:
         assert len(lines) == 2 + 5  # every 60 s over 360 s, and the last
         assert lines[1] == "decoding: 668 / 4,000 (17%), 60 s, about 5.0 min left"
         assert lines[-1] == "decoding: 4,000 / 4,000 (100%), 6.0 min"
+
+    def test_a_narrow_console_does_not_break_lines(self) -> None:
+        """A log's console is 80 columns unless told: a long line stays one line."""
+        progress, out, now = self._progress(width=40)
+        with progress as bar:
+            task = bar.add_task("kvpress:snapkv:precision=4 at 0.125", total=4095)
+            now[0] = 600.0
+            bar.advance(task, 2730)
+        lines = out.getvalue().splitlines()
+        assert lines[1] == (
+            "kvpress:snapkv:precision=4 at 0.125: 2,730 / 4,095 (67%), 10.0 min, about 5.0 min left"
+        )
+        assert len(lines) == 3
 
     def test_a_renamed_task_says_so(self) -> None:
         """Renaming a task (the next batch of runs) writes a line with the new name."""

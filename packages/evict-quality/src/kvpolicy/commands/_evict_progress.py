@@ -68,7 +68,7 @@ class LogProgress:
         text += f", {_minutes(spent)}"
         if total and 0 < done < total:
             text += f", about {_minutes(spent * (total - done) / done)} left"
-        self._console.print(text, markup=False, highlight=False)
+        self._console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def _minutes(seconds: float) -> str:
