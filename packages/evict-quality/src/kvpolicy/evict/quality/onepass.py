@@ -189,6 +189,7 @@ def onepass_nll(
     Raises:
         ValueError: fewer than 2 tokens, or more than one text; ``perturb`` negative, not
             finite or 0.01 or more.
+        TypeError: ``perturb`` not a number or ``seed`` not an int.
     """
     return onepass_scores(lm, input_ids, layout, perturb=perturb, seed=seed)[0]
 
