@@ -62,12 +62,49 @@ HEAVY_MARKS = "heavy and not gpu and not quality and not slow"
 """The ``heavy`` tests: seconds of CPU each (the quality harness on the tiny model, replica
 processes hammering Redis, Triton's ahead-of-time compilation, the simulator's long runs).
 They run in CI (``nox -s heavy``, after ``nox -s tests``), not in the README's test command."""
+COMPILED_MARKS = "not gpu and not quality and not slow"
+"""The compiled core's tests: the default and the heavy ones (the simulator's long runs)."""
 CACHE = ROOT / ".nox"
 NO_COMPILE = ["--no-compile"]
 """pip flag of every install here: compiling every installed module to bytecode at install
 time took half of pip's CPU (transformers, scipy and matplotlib: 57 s against 27 s of CPU on
 the 2-core development machine); Python compiles just the modules a test imports instead."""
 STAMP = "kvpolicy-installed.json"
+MYPYC_HOOK = ROOT / "tools" / "mypyc_hook.py"
+COMPILE_ENV = "KVPOLICY_COMPILE"
+"""``KVPOLICY_COMPILE=1 nox -s <session>`` installs the compiled core (see
+:func:`_compiled_dists`) in every venv it builds; ``nox -s compiled`` tests it."""
+
+
+def _compiling() -> bool:
+    """Whether ``KVPOLICY_COMPILE`` asks every session for the compiled core."""
+    return os.environ.get(COMPILE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def _compiled_dists() -> list[str]:
+    """The distributions whose wheel compiles its hot modules with mypyc on request: those
+    whose pyproject names ``tools/mypyc_hook.py`` as a build hook (kvmodel's pool, the
+    simulator's engine)."""
+    out = []
+    for name, base in DIST_DIRS.items():
+        hooks = tomllib.loads((base / "pyproject.toml").read_text()).get("tool", {})
+        hook = hooks.get("hatch", {}).get("build", {}).get("targets", {}).get("wheel", {})
+        path = hook.get("hooks", {}).get("custom", {}).get("path")
+        if path and (base / path).resolve() == MYPYC_HOOK.resolve():
+            out.append(name)
+    return out
+
+
+def _hook_requires() -> list[str]:
+    """``BUILD_REQUIRES`` of the mypyc hook (what compiling needs in the builder venv)."""
+    import ast
+
+    for node in ast.parse(MYPYC_HOOK.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "BUILD_REQUIRES" for t in node.targets
+        ):
+            return list(ast.literal_eval(node.value))
+    raise RuntimeError(f"no BUILD_REQUIRES in {MYPYC_HOOK}")
 
 
 def _meta(name: str) -> dict[str, object]:
@@ -121,30 +158,43 @@ def _venv_python(venv: pathlib.Path) -> pathlib.Path:
     return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def _builder(session: nox.Session) -> pathlib.Path:
-    """Python of the shared venv that builds the tree's wheels (hatchling, no isolation)."""
+def _builder(session: nox.Session, compiling: bool = False) -> pathlib.Path:
+    """Python of the shared venv that builds the tree's wheels (hatchling, no isolation;
+    ``compiling``: with what the mypyc hook needs, installed the first time it is asked)."""
     venv = CACHE / "_builder"
     python = _venv_python(venv)
     if not (venv / "ready").exists():
         session.run(sys.executable, "-m", "venv", "--clear", str(venv), external=True)
         session.run(str(python), "-m", "pip", "install", "-q", "hatchling>=1.21", external=True)
         (venv / "ready").touch()
+    if compiling and not (venv / "ready-mypyc").exists():
+        session.run(str(python), "-m", "pip", "install", "-q", *_hook_requires(), external=True)
+        (venv / "ready-mypyc").touch()
     return python
 
 
-def _wheels(session: nox.Session, names: list[str]) -> dict[str, pathlib.Path]:
-    """The wheel of each of ``names``, built from this tree once per change of its sources."""
+def _wheels(
+    session: nox.Session, names: list[str], compiled: bool = False
+) -> dict[str, pathlib.Path]:
+    """The wheel of each of ``names``, built from this tree once per change of its sources
+    (``compiled``: the distributions of :func:`_compiled_dists` with their hot modules
+    compiled, kept beside the pure-Python wheels)."""
     out = {}
+    compiling = set(_compiled_dists()) if compiled else set()
     for name in names:
-        folder = CACHE / "_wheels" / f"{name}-{_source_hash(name)}"
+        suffix = "-mypyc" if name in compiling else ""
+        folder = CACHE / "_wheels" / f"{name}-{_source_hash(name)}{suffix}"
         found = sorted(folder.glob("*.whl"))
         if not found:
+            same = re.compile(rf"{re.escape(name)}-[0-9a-f]{{16}}{suffix}")
             for old in (CACHE / "_wheels").glob(f"{name}-*"):
-                shutil.rmtree(old)
-            python = _builder(session)
+                if same.fullmatch(old.name):
+                    shutil.rmtree(old)
+            python = _builder(session, bool(suffix))
             session.run(
                 str(python), "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                 "-w", str(folder), str(DIST_DIRS[name]), external=True,
+                env={"HATCH_BUILD_HOOK_ENABLE_CUSTOM": "1" if suffix else "0"},
             )  # fmt: skip
             found = sorted(folder.glob("*.whl"))
         out[name] = found[0]
@@ -186,12 +236,18 @@ def _install(session: nox.Session, name: str, extras: str = "", *more: str) -> N
 
 def _install_many(session: nox.Session, dists: dict[str, str], *more: str) -> None:
     """Install the tree's distributions ``dists`` (name -> extras, deps first) and ``more``
-    into the session's venv (see :func:`_install_into`)."""
-    _install_into(session, pathlib.Path(str(session.virtualenv.location)), dists, *more)
+    into the session's venv (see :func:`_install_into`; compiled as ``KVPOLICY_COMPILE``
+    says)."""
+    venv = pathlib.Path(str(session.virtualenv.location))
+    _install_into(session, venv, dists, *more, compiled=_compiling())
 
 
 def _install_into(
-    session: nox.Session, venv: pathlib.Path, dists: dict[str, str], *more: str
+    session: nox.Session,
+    venv: pathlib.Path,
+    dists: dict[str, str],
+    *more: str,
+    compiled: bool = False,
 ) -> None:
     """Install the tree's distributions ``dists`` (name -> extras, deps first) and ``more``
     into ``venv``.
@@ -199,7 +255,8 @@ def _install_into(
     The tree's wheels are installed, then one call resolves them with ``more`` (other
     requirements); torch is put on the venv's path only when a distribution or a requested
     extra needs it. Nothing is installed when the venv already holds exactly this (its
-    stamp matches).
+    stamp matches). ``compiled``: the wheels of :func:`_compiled_dists` with their hot
+    modules compiled.
     """
     names = list(dists)
     torch = _needs_torch(names, dists)
@@ -208,6 +265,7 @@ def _install_into(
         "extras": dists,
         "more": list(more),
         "torch": TORCH if torch else None,
+        "compiled": sorted(set(names) & set(_compiled_dists())) if compiled else [],
     }
     python = _venv_python(venv)
     stamp = venv / STAMP
@@ -221,7 +279,7 @@ def _install_into(
         pth.write_text(f"{_torch_dir(session)}\n")
     else:
         pth.unlink(missing_ok=True)
-    wheels = _wheels(session, names)
+    wheels = _wheels(session, names, compiled)
     reqs = [f"{wheels[n]}{dists[n]}" for n in names]
     reused = any(site.glob("kvpolicy_*.dist-info"))  # a reused venv: same versions, new sources
     if not _uv_install(session, venv, reqs, list(more), names if reused else [], torch):
@@ -295,27 +353,32 @@ SLOWEST_FIRST = [
 that the side-by-side runs end together."""
 
 
-def _test_venv(session: nox.Session, package: str) -> pathlib.Path:
+def _test_venv(session: nox.Session, package: str, compiled: bool = False) -> pathlib.Path:
     """``.nox/tests-<package>``: the venv of one distribution's tests (with pip, for the
-    fallback), holding only what that distribution declares."""
-    venv = CACHE / f"tests-{package}"
+    fallback), holding only what that distribution declares (``compiled``, or
+    ``KVPOLICY_COMPILE``: ``.nox/compiled-<package>``, with the compiled core)."""
+    compiled = compiled or _compiling()
+    venv = CACHE / f"{'compiled' if compiled else 'tests'}-{package}"
     if not _venv_python(venv).exists():
         session.run(sys.executable, "-m", "venv", "--clear", str(venv), external=True)
     meta = tomllib.loads((DIST_DIRS[package] / "pyproject.toml").read_text())
     extras = "[test]" if "test" in meta["project"].get("optional-dependencies", {}) else ""
     dists = {**dict.fromkeys(_kvpolicy_deps(package), ""), package: extras}
-    _install_into(session, venv, dists, *TEST_DEPS)
+    _install_into(session, venv, dists, *TEST_DEPS, compiled=compiled)
     return venv
 
 
-def _run_side_by_side(session: nox.Session, marks: str, packages: list[str]) -> None:
+def _run_side_by_side(
+    session: nox.Session, marks: str, packages: list[str], compiled: bool = False
+) -> None:
     """Run the tests of ``packages``, each in a venv of its own, side by side: one pytest
     process per CPU core (each single-threaded), longest first, each distribution installed
     when a core frees for it.
 
     ``nox -s tests -- evict sim`` picks packages; other arguments go to every pytest. Each
     run's output goes to ``.nox/logs/<session>-<package>.log``; its summary line is printed
-    as it ends, and the whole log of a run that failed.
+    as it ends, and the whole log of a run that failed. ``compiled``: in venvs with the
+    compiled core, whose tests are told to expect it (``KVPOLICY_EXPECT_COMPILED=1``).
     """
     chosen = [a for a in session.posargs if a in DIST_DIRS] or packages
     unknown = [a for a in chosen if a not in packages]
@@ -329,7 +392,7 @@ def _run_side_by_side(session: nox.Session, marks: str, packages: list[str]) -> 
     pending, failed = list(order), []
     running: dict[str, tuple[subprocess.Popen[bytes], IO[str]]] = {}
     try:
-        _schedule(session, marks, args, pending, running, failed, slots, logs)
+        _schedule(session, marks, args, pending, running, failed, slots, logs, compiled)
     finally:
         for proc, log in running.values():  # an install failed: stop the runs under way
             proc.kill()
@@ -347,6 +410,7 @@ def _schedule(
     failed: list[str],
     slots: int,
     logs: pathlib.Path,
+    compiled: bool = False,
 ) -> None:
     """The loop of :func:`_run_side_by_side`: a distribution is installed when a core frees
     for it, so later installs overlap the runs under way."""
@@ -354,9 +418,10 @@ def _schedule(
     while pending or running:
         while pending and len(running) < slots:
             name = pending.pop(0)
-            venv = _test_venv(session, name)
+            venv = _test_venv(session, name, compiled)
             env = {
                 **os.environ,
+                "KVPOLICY_EXPECT_COMPILED": "1" if compiled or _compiling() else "0",
                 "OMP_NUM_THREADS": "1",
                 "VIRTUAL_ENV": str(venv),
                 "PATH": os.pathsep.join([str(_venv_python(venv).parent), os.environ["PATH"]]),
@@ -401,6 +466,18 @@ def heavy(session: nox.Session) -> None:
     """The ``heavy`` tests (CI runs them after ``tests``; ``nox -s tests heavy`` runs all the
     CPU tests), in the venvs of ``tests``."""
     _run_side_by_side(session, HEAVY_MARKS, _heavy_packages())
+
+
+@nox.session(venv_backend="none")
+def compiled(session: nox.Session) -> None:
+    """The tests of the distributions whose hot modules compile with mypyc
+    (:func:`_compiled_dists`: kvmodel's block pool, the simulator's engine), default and
+    heavy, run against their compiled wheels (``KVPOLICY_COMPILE=1``), with the same results
+    asked of them; CI runs it after ``heavy``. Skipped where there is no C compiler."""
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(cc.split()[0]) is None:
+        session.skip(f"no C compiler ({cc!r} not found): the compiled core is not built here")
+    _run_side_by_side(session, COMPILED_MARKS, _compiled_dists(), compiled=True)
 
 
 def _heavy_packages() -> list[str]:

@@ -33,6 +33,12 @@ Figures (seconds of ``simulate``, wall-clock and CPU, workload loading excluded)
   at the same load per replica, run in a child process: its CPU seconds (workload
   generation and simulation apart) and its peak resident memory (issue 25 asks for at most
   3 minutes of CPU and 2 GB).
+- ``engine_core``: whether kvmodel's block pool and the simulator's engine run compiled
+  (``mypyc``: installed with ``KVPOLICY_COMPILE=1``, e.g. ``KVPOLICY_COMPILE=1 nox -s
+  bench``) or ``interpreted``. With the compiled core, ``azure_interpreted_us_per_request``
+  is the vLLM-like stack on the Azure trace with the same sources interpreted, in a child
+  process of the same run (the fastest of as many repeats), and ``azure_compiled_speedup``
+  the interpreted cost over the compiled one.
 - ``load_average_start`` and ``load_average_end``: the machine's load averages (1, 5, 15
   minutes) when the run started and ended.
 
@@ -72,12 +78,59 @@ def _time(requests: Any, stack: Any) -> tuple[float, float, Any]:
     return time.perf_counter() - t0, time.process_time() - c0, result
 
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CORE = {"kvmodel": "kvpolicy.kvmodel._pool", "sim": "kvpolicy.sim._engine"}
+"""A module of each distribution's compiled core (``tools/mypyc_hook.py``)."""
+
+
+def engine_core() -> dict[str, str]:
+    """``mypyc`` or ``interpreted``, for kvmodel's pool and the simulator's engine."""
+    import importlib
+    import importlib.machinery
+
+    out = {}
+    for dist, name in CORE.items():
+        path = importlib.import_module(name).__file__ or ""
+        compiled = path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+        out[dist] = "mypyc" if compiled else "interpreted"
+    return out
+
+
+def _interpreted_azure(repeats: int) -> float:
+    """The vLLM-like stack's CPU microseconds per request on the Azure trace with kvmodel's
+    and the simulator's sources interpreted (a child process whose path puts this tree's
+    sources before the installed compiled modules)."""
+    import json
+    import subprocess
+    import sys
+
+    srcs = [str(ROOT / "packages" / "kvmodel" / "src"), str(ROOT / "integrations" / "sim" / "src")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*srcs, os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, __file__, "--azure-child", str(repeats)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    child = json.loads(out.strip().splitlines()[-1])
+    if set(child["engine_core"].values()) != {"interpreted"}:
+        raise RuntimeError(f"the interpreted child ran {child['engine_core']}")
+    return float(child["us_per_request"])
+
+
+def _azure_child(repeats: int) -> None:
+    import json
+
+    requests = load_trace(TRACE).requests
+    _time(get_workload("azure-conv-like", seed=1, num_requests=50).requests, STACK_PRESETS["vllm"])
+    cpu = min(_time(requests, STACK_PRESETS["vllm"])[1] for _ in range(repeats))
+    us = round(1e6 * cpu / len(requests), 1)
+    print(json.dumps({"engine_core": engine_core(), "us_per_request": us}))
+
+
 def _more(parser: Any) -> None:
     parser.add_argument("--fleet-only", action="store_true", help="only the fleet figures")
     parser.add_argument(
         "--million", action="store_true", help="also 10^6 requests over 64 replicas"
     )
     parser.add_argument("--million-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--azure-child", type=int, default=0, help=argparse.SUPPRESS)
 
 
 def main() -> None:
@@ -85,11 +138,15 @@ def main() -> None:
     if args.million_child:
         _million_child()
         return
+    if args.azure_child:
+        _azure_child(args.azure_child)
+        return
     full = STACK_PRESETS["kvpolicy"]
     figures: dict[str, Any] = {
         # The machine's load when the run started (1, 5 and 15 minutes); the figures are
         # CPU time, which other jobs on the cores still slow (shared caches).
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "engine_core": engine_core(),
         "stack": {
             "admission": full.admission.name,
             "eviction": full.eviction.name,
@@ -129,6 +186,12 @@ def main() -> None:
             vidur_ratio=round(10_000.0 / (1e6 * base_cpu / len(trace.requests)), 1),
             azure_completed=res.summary.completed,
         )
+        if "mypyc" in figures["engine_core"].values():
+            interpreted = _interpreted_azure(repeats)
+            compiled = figures["azure_baseline_us_per_request"]
+            figures["azure_interpreted_us_per_request"] = interpreted
+            figures["azure_compiled_speedup"] = round(interpreted / compiled, 2)
+            print(f"azure: interpreted {interpreted:.0f} us, compiled {compiled:.0f} us each")
         print(
             f"azure: baseline {base_s:.1f} s ({base_cpu:.1f} s CPU), "
             f"full stack {full_s:.1f} s ({full_cpu:.1f} s CPU)"
@@ -263,6 +326,7 @@ def _million_child() -> None:
         json.dumps(
             {
                 "requests": len(requests),
+                "engine_core": engine_core(),
                 "workload_cpu_s": round(c1 - c0, 1),
                 "simulate_cpu_s": round(cpu, 1),
                 "simulate_wall_s": round(secs, 1),

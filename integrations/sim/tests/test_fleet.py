@@ -290,19 +290,13 @@ class TestApart:
             base = attrs.evolve(base, gateway=attrs.evolve(base.gateway, name="none"))
         cfg = attrs.evolve(base, fleet=FleetConfig(startup_s=1.0, **fleet))  # type: ignore[arg-type]
         m, g = get_model("Llama-3-8B"), get_gpu("H100-SXM")
-        calls: list[int] = []
-        real = fleet_module._Run._apart
-
-        def counted(run: object, progress: object) -> None:
-            calls.append(1)
-            real(run, progress)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(fleet_module._Run, "_apart", counted)
         apart = simulate(w.requests, m, g, cfg, seed=0)
-        assert calls == [1]  # served apart
         monkeypatch.setattr(fleet_module, "reads_load", lambda router: True)
         looped = simulate(w.requests, m, g, cfg, seed=0)
-        assert calls == [1]  # the loop
+        assert apart.fleet is not None
+        assert looped.fleet is not None
+        assert apart.fleet.served_apart
+        assert not looped.fleet.served_apart  # the loop
         assert apart.summary.completed > 0
         _same_run(apart, looped)
 
@@ -327,6 +321,8 @@ class TestApart:
         apart = Fleet(engines, Picky(), FleetConfig(3)).run(reqs)
         monkeypatch.setattr(fleet_module, "reads_load", lambda router: True)
         looped = Fleet(engines, Picky(), FleetConfig(3)).run(reqs)
+        assert apart.served_apart
+        assert not looped.served_apart
         assert apart.assignment[3] == looped.assignment[3] == -1
         assert np.isnan(apart.record.finish[3])
         assert apart.assignment.tobytes() == looped.assignment.tobytes()

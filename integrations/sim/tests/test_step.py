@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpolicy.kvmodel import Request, get_gpu, get_model
 from kvpolicy.sim import TimingModel
-from kvpolicy.sim._batch import Batch
+from kvpolicy.sim._batch import blocks_to_grow
 from kvpolicy.sim._seq import Seq
 from kvpolicy.sim._step import DecodeRun
 
@@ -35,11 +33,11 @@ class TestDecodeRun:
     def test_blocks_after_counts_what_the_batch_counts(
         self, tokens: list[int], block_size: int, kmax: int
     ) -> None:
-        """For every k, the blocks the run's requests take equal Batch.blocks_for's count."""
+        """For every k, the blocks the run's requests take equal the batch's count
+        (``Batch.blocks_for``)."""
         run = _run(tokens, kmax, block_size)
-        batch = SimpleNamespace(_bs=block_size)
         for k in range(kmax + 1):
-            assert run.blocks_after(k) == Batch.blocks_for(batch, run.run, k)  # type: ignore[arg-type]
+            assert run.blocks_after(k) == blocks_to_grow(run.run, k, block_size)
 
     @settings(max_examples=200, deadline=None)
     @given(

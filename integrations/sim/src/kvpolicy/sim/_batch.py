@@ -35,7 +35,7 @@ from kvpolicy.sim._residency import Residency
 from kvpolicy.sim._seq import Seq, WaitingView
 from kvpolicy.sim._timing import TimingModel
 
-__all__ = ["Batch"]
+__all__ = ["Batch", "blocks_to_grow"]
 
 
 class _LazyViews(Sequence[SequenceView]):
@@ -378,15 +378,8 @@ class Batch:
         return False
 
     def blocks_for(self, seqs: Sequence[Seq], k: int) -> int:
-        """Blocks ``seqs`` need to grow by ``k`` tokens each."""
-        bs = self._bs
-        # Block j of a sequence is needed once it holds token j*bs: growing from p tokens to
-        # p + k needs ceil((p + k) / bs) - ceil(p / bs) new blocks.
-        need = 0
-        for s in seqs:
-            p = s.pool_tokens
-            need += (p + k + bs - 1) // bs - (p + bs - 1) // bs
-        return need
+        """Blocks ``seqs`` need to grow by ``k`` tokens each (:func:`blocks_to_grow`)."""
+        return blocks_to_grow(seqs, k, self._bs)
 
     def grow_all(self, seqs: Sequence[Seq], k: int) -> None:
         """Add ``k`` tokens of KV to each of ``seqs`` (distinct requests), with one call to
@@ -415,3 +408,15 @@ class Batch:
     def free_blocks(self) -> int:
         """Free blocks of the pool."""
         return self._pool.num_free_blocks
+
+
+def blocks_to_grow(seqs: Sequence[Seq], k: int, block_size: int) -> int:
+    """Blocks of ``block_size`` tokens that ``seqs`` need to grow by ``k`` tokens each."""
+    bs = block_size
+    # Block j of a sequence is needed once it holds token j*bs: growing from p tokens to
+    # p + k needs ceil((p + k) / bs) - ceil(p / bs) new blocks.
+    need = 0
+    for s in seqs:
+        p = s.pool_tokens
+        need += (p + k + bs - 1) // bs - (p + bs - 1) // bs
+    return need

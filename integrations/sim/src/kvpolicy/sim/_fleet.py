@@ -127,6 +127,9 @@ class FleetRecord:
     """Most replicas holding a GPU at once (provisioning, serving or draining)."""
     reclaimed: int = 0
     """Times a draining replica was taken back (``reclaim_draining``)."""
+    served_apart: bool = False
+    """Whether every request was routed first and each replica served its share apart
+    (no gateway, no autoscaler, a router that reads no load: the run the loop would give)."""
 
     @property
     def gpu_hours(self) -> float:
@@ -402,7 +405,10 @@ class _Run:
         self._window_hits = self._rec.prefix_hit
         for k in range(cfg.replicas):
             self._start(first if k == 0 else None, self._now, self._now)
-        if fleet._gate is None and fleet._autoscaler is None and not reads_load(fleet._router):
+        self._served_apart = (
+            fleet._gate is None and fleet._autoscaler is None and not reads_load(fleet._router)
+        )
+        if self._served_apart:
             self._apart(progress)
         else:
             self._loop(progress)
@@ -846,6 +852,7 @@ class _Run:
             assignment=self._assigned,
             peak_replicas=self._peak,
             reclaimed=self._reclaimed,
+            served_apart=self._served_apart,
         )
 
 

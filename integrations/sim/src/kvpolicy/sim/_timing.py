@@ -38,9 +38,6 @@ from __future__ import annotations
 import csv
 import math
 import pathlib
-from collections.abc import Sequence
-from functools import reduce
-from operator import add
 
 import attrs
 import numpy as np
@@ -49,6 +46,7 @@ from attrs.validators import ge, gt, instance_of, le, optional
 from numpy.typing import NDArray
 
 from kvpolicy.kvmodel import GPUSpec, ModelSpec
+from kvpolicy.sim._series import DecodeRoofline, pairwise_sum
 
 __all__ = [
     "DEFAULT_INTERCONNECT_BANDWIDTH",
@@ -111,6 +109,7 @@ class TimingModel:
     # Derived once when built: the simulator asks for iteration times millions of times.
     _kv_bytes: int = field(init=False, repr=False, eq=False)
     _weight_bytes: int = field(init=False, repr=False, eq=False)
+    _roofline: DecodeRoofline = field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.model.num_params <= 0:
@@ -121,6 +120,17 @@ class TimingModel:
         self.model.check_parallel(self.tp)
         object.__setattr__(self, "_kv_bytes", self.model.kv_bytes_per_token_per_gpu(self.tp))
         object.__setattr__(self, "_weight_bytes", self.model.weight_bytes_per_gpu(self.tp))
+        roofline = DecodeRoofline(
+            self._weight_bytes,
+            self._kv_bytes,
+            2.0 * self.model.num_params,
+            self._attn_flops_per_pair,
+            self.bandwidth_efficiency * self.gpu.hbm_bandwidth,
+            self.flops_efficiency * self.gpu.peak_flops,
+            self.overhead_s,
+            self.tp,
+        )
+        object.__setattr__(self, "_roofline", roofline)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -209,27 +219,8 @@ class TimingModel:
                 batch, kv_tokens + first * batch, context_tokens + first * batch, count
             ).tolist()
             return series
-        weights = self._weights()
-        kv_bytes = self.kv_bytes_per_token
-        dense = 2.0 * self.model.num_params * batch
-        per_pair = self._attn_flops_per_pair
-        mem_rate = self.bandwidth_efficiency * self.gpu.hbm_bandwidth
-        flops_rate = self.flops_efficiency * self.gpu.peak_flops
-        overhead = self.overhead_s
-        tp = self.tp
-        comm = self.allreduce_time(batch) if tp > 1 else 0.0
-        b = float(batch)
-        out: list[float] = []
-        for i in range(first, first + count):
-            step = i * b
-            t_mem = (weights + kv_bytes * (kv_tokens + step)) / mem_rate
-            t_flops = (dense + per_pair * (context_tokens + step)) / flops_rate
-            if tp == 1:
-                out.append(overhead + (t_mem if t_mem >= t_flops else t_flops))
-            else:
-                t_flops /= tp
-                out.append(overhead + (t_mem if t_mem >= t_flops else t_flops) + comm)
-        return out
+        comm = self.allreduce_time(batch) if self.tp > 1 else 0.0
+        return self._roofline.series(batch, kv_tokens, context_tokens, first, count, comm)
 
     def compute_time(self, num_tokens: int | float, attn_pairs: int | float) -> float:
         """Seconds of compute that ``num_tokens`` tokens (scoring ``attn_pairs`` query-key
@@ -244,32 +235,6 @@ class TimingModel:
     def transfer_time(self, num_tokens: int, bandwidth: float) -> float:
         """Seconds to move the KV of ``num_tokens`` tokens over a link of ``bandwidth`` B/s."""
         return num_tokens * self.kv_bytes_per_token / bandwidth
-
-
-def pairwise_sum(values: Sequence[float], n: int) -> float:
-    """The sum of ``values[:n]`` as numpy sums a float64 array (``np.sum``): pairwise, in
-    blocks of at most 128 added by eight interleaved accumulators, so that a run of
-    iterations summed here lands on exactly the clock an array sum gives.
-
-    Args:
-        values: at least ``n`` floats.
-        n: how many of them, from the first.
-    """
-    if n < 8:
-        total = 0.0
-        for i in range(n):
-            total += values[i]
-        return total
-    if n <= 128:
-        whole = n - n % 8
-        r = [reduce(add, values[j:whole:8]) for j in range(8)]
-        total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-        for i in range(whole, n):
-            total += values[i]
-        return total
-    half = n // 2
-    half -= half % 8
-    return pairwise_sum(values, half) + pairwise_sum(values[half:n], n - half)
 
 
 def fit_timing(
