@@ -18,6 +18,33 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+COMPILED = {
+    "kvmodel": "kvpolicy.kvmodel._pool",
+    "admit": "kvpolicy.admit._fused",
+    "tenancy": "kvpolicy.tenancy._fleet",
+    "sim": "kvpolicy.sim._engine",
+}
+"""A module of each distribution whose wheel may carry compiled modules (mypyc:
+``tools/mypyc_hook.py``)."""
+
+
+def compiled_core(dists: tuple[str, ...] = tuple(COMPILED)) -> dict[str, str]:
+    """For each of ``dists`` installed, whether its hot modules run ``mypyc``-compiled or
+    ``interpreted`` (a wheel built with ``KVPOLICY_COMPILE=1 nox -s bench``, or with
+    ``HATCH_BUILD_HOOK_ENABLE_CUSTOM=1`` from the checkout, carries them compiled)."""
+    import importlib
+    import importlib.machinery
+
+    out = {}
+    for dist in dists:
+        try:
+            path = importlib.import_module(COMPILED[dist]).__file__ or ""
+        except ImportError:
+            continue
+        compiled = path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+        out[dist] = "mypyc" if compiled else "interpreted"
+    return out
+
 
 def machine() -> dict[str, Any]:
     """Describe the machine: CPU model, cores, memory, Python and key library versions."""
@@ -69,13 +96,15 @@ def parse_args(
 
 
 def write_result(name: str, figures: dict[str, Any], out: pathlib.Path) -> pathlib.Path:
-    """Write ``{"benchmark", "time", "machine", "figures"}`` to ``out/<name>.json``."""
+    """Write ``{"benchmark", "time", "machine", "compiled", "figures"}`` to
+    ``out/<name>.json`` (``compiled``: :func:`compiled_core`)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     doc = {
         "benchmark": name,
         "time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
+        "compiled": compiled_core(),
         "figures": figures,
     }
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -55,6 +55,10 @@ In front of a fleet (issue 26; ``--fleet-only`` runs just these, into
   tail);
   ``router_only_cpu_*``: the router's ``route`` alone on the same views (the
   kvpolicy-admit class's own cost). Goal p99 <= 50 us at 64 backends.
+  ``compiled`` (at the JSON's top) says whether kvpolicy-admit's and kvpolicy-tenancy's
+  routing modules ran compiled (mypyc: wheels built with ``KVPOLICY_COMPILE=1``); when they
+  did, ``routing_interpreted_*_weighted_<n>`` are ``weighted``'s figures with the same
+  sources interpreted, in a child process of the same run.
   ``routing_update_cpu_*``: what keeping the views current costs per request, outside
   the decision (``Fleet.begin`` of the routed request and, for about a third of them,
   ``Fleet.end`` of one in flight: each rebuilds that backend's view).
@@ -74,6 +78,7 @@ In front of a fleet (issue 26; ``--fleet-only`` runs just these, into
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
@@ -89,7 +94,7 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from _harness import parse_args, write_result
+from _harness import compiled_core, parse_args, write_result
 
 from kvpolicy.kvmodel import Request
 from kvpolicy.tenancy import (
@@ -660,6 +665,32 @@ def bench_routing(n: int, sizes: tuple[int, ...] = (4, 64)) -> dict[str, Any]:
     return out
 
 
+def _interpreted_routing(n: int) -> dict[str, Any]:
+    """``weighted``'s routing figures with kvmodel's, admit's and tenancy's sources of this
+    tree interpreted (a child process whose path puts them before the installed compiled
+    modules), keyed ``routing_interpreted_...``."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    srcs = [str(root / "packages" / d / "src") for d in ("kvmodel", "admit", "tenancy")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*srcs, os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, __file__, "--routing-child", str(n)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    child = json.loads(out.strip().splitlines()[-1])
+    if set(child["compiled"].values()) != {"interpreted"}:
+        raise RuntimeError(f"the interpreted child ran {child['compiled']}")
+    return {
+        k.replace("routing_", "routing_interpreted_", 1): v
+        for k, v in child["figures"].items()
+        if k.startswith("routing_p")
+    }
+
+
+def _routing_child(n: int) -> None:
+    global ROUTERS
+    ROUTERS = ("weighted",)
+    figures = bench_routing(n)
+    print(json.dumps({"compiled": compiled_core(("admit", "tenancy")), "figures": figures}))
+
+
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user and system) process ``pid`` used so far (Linux ``/proc``)."""
     fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -728,8 +759,12 @@ def main() -> None:
             "version of kvpolicy-tenancy, measured under the same load generator)",
         )
         p.add_argument("--tag", default="", help="a suffix of the JSON file's name")
+        p.add_argument("--routing-child", type=int, default=0, help=argparse.SUPPRESS)
 
     args = parse_args(__doc__ or "", more)
+    if args.routing_child:
+        _routing_child(args.routing_child)
+        return
     global GATEWAY_SRC
     GATEWAY_SRC = args.gateway_src
     n = 5_000 if args.quick else 50_000
@@ -738,6 +773,8 @@ def main() -> None:
         figures["gateway_src"] = args.gateway_src
     if args.fleet_only:
         figures.update(bench_routing(n // 5))
+        if "mypyc" in compiled_core(("admit", "tenancy")).values():
+            figures.update(_interpreted_routing(n // 5))
         if _has("uvicorn") and _has("httptools"):
             count, rounds = (500, 1) if args.quick else (2_000, 3)
             figures.update(bench_fleet_overhead(count, 500.0, rounds, backends=1))

@@ -53,7 +53,7 @@ import pathlib
 import time
 from typing import Any
 
-from _harness import parse_args, write_result
+from _harness import compiled_core, parse_args, write_result
 
 from kvpolicy.kvmodel import get_gpu, get_model
 from kvpolicy.sim import STACK_PRESETS, FleetConfig, simulate
@@ -79,21 +79,11 @@ def _time(requests: Any, stack: Any) -> tuple[float, float, Any]:
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CORE = {"kvmodel": "kvpolicy.kvmodel._pool", "sim": "kvpolicy.sim._engine"}
-"""A module of each distribution's compiled core (``tools/mypyc_hook.py``)."""
 
 
 def engine_core() -> dict[str, str]:
     """``mypyc`` or ``interpreted``, for kvmodel's pool and the simulator's engine."""
-    import importlib
-    import importlib.machinery
-
-    out = {}
-    for dist, name in CORE.items():
-        path = importlib.import_module(name).__file__ or ""
-        compiled = path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
-        out[dist] = "mypyc" if compiled else "interpreted"
-    return out
+    return compiled_core(("kvmodel", "sim"))
 
 
 def _interpreted_azure(repeats: int) -> float:

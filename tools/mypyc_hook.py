@@ -78,7 +78,13 @@ class MypycHook(BuildHookInterface):  # type: ignore[misc]
         try:
             os.chdir(src)  # module names are the files' paths from src/
             extensions = mypycify(
-                ["--ignore-missing-imports", "--follow-imports=silent", *modules],
+                [
+                    "--ignore-missing-imports",
+                    "--follow-imports=silent",
+                    # Not in src/: a cache there would change the sources' hash (nox).
+                    f"--cache-dir={self._tmp / 'mypy'}",
+                    *modules,
+                ],
                 opt_level="3",
                 group_name=group,
                 target_dir=str(self._tmp / "c"),

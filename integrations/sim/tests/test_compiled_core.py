@@ -1,5 +1,6 @@
-"""The engine core's modules: compiled all together or not at all, and compiled where the
-session asks for it (``nox -s compiled`` sets ``KVPOLICY_EXPECT_COMPILED=1``).
+"""The compiled modules (the engine core, the block pool, the routing decision): compiled
+all together or not at all, and compiled where the session asks for it (``nox -s
+compiled`` sets ``KVPOLICY_EXPECT_COMPILED=1``).
 
 The modules are the ones each distribution's pyproject hands to its mypyc build hook
 (``tools/mypyc_hook.py``); the same tests then check the compiled core's results.
@@ -16,15 +17,37 @@ import tomllib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-DISTS = [ROOT / "packages" / "kvmodel", ROOT / "integrations" / "sim"]
+HOOK = "../../tools/mypyc_hook.py"
+
+
+def _hook(dist: pathlib.Path) -> dict[str, object] | None:
+    meta = tomllib.loads((dist / "pyproject.toml").read_text())
+    wheel = meta.get("tool", {}).get("hatch", {}).get("build", {}).get("targets", {})
+    hook: dict[str, object] | None = wheel.get("wheel", {}).get("hooks", {}).get("custom")
+    return hook
+
+
+DISTS = sorted(
+    d for d in [*ROOT.glob("packages/*"), *ROOT.glob("integrations/*")] if d.is_dir() and _hook(d)
+)
+"""The distributions that compile some modules: kvmodel, admit, tenancy and the simulator,
+all installed beside the simulator's tests."""
 
 
 def _hooked(dist: pathlib.Path) -> list[str]:
     """The module names a distribution compiles (from its pyproject)."""
-    meta = tomllib.loads((dist / "pyproject.toml").read_text())
-    hook = meta["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["custom"]
-    assert hook["path"] == "../../tools/mypyc_hook.py"
-    return [m.removesuffix(".py").replace("/", ".") for m in hook["modules"]]
+    hook = _hook(dist)
+    assert hook is not None
+    assert hook["path"] == HOOK
+    assert hook["enable-by-default"] is False  # a plain build never loads the hook
+    modules = hook["modules"]
+    assert isinstance(modules, list)
+    return [m.removesuffix(".py").replace("/", ".") for m in modules]
+
+
+def test_the_compiled_distributions() -> None:
+    """The distributions with a compiled core are the ones the docs name."""
+    assert sorted(d.name for d in DISTS) == ["admit", "kvmodel", "sim", "tenancy"]
 
 
 def _compiled(name: str) -> bool:

@@ -63,6 +63,7 @@ from kvpolicy.tenancy._prefix_index import (
     prompt_text,
     text_block_hashes,
 )
+from kvpolicy.tenancy._shown import ShownViews
 from kvpolicy.tenancy._signals import MetricsError, ScrapedMetrics, load_view, parse_vllm_metrics
 from kvpolicy.tenancy._upstream import Upstream, UpstreamError
 
@@ -159,20 +160,6 @@ def _follows_changes(router: object) -> bool:
     the fleet shows a plain :class:`ReplicaViews` (saying what changed costs an object
     per decision, which only a router following it wins back)."""
     return getattr(router, "follows_changed_since", False) is True
-
-
-class _Shown(ReplicaViews):
-    """The candidates' views the fleet shows for one decision, saying which of them may
-    differ from those of the decision before: ``changed_since`` is ``(the views shown
-    before, positions)`` (None: not known), a superset of the positions whose view shows
-    another load (counts, KV usage, draining, signal age: a rebuilt view); ``prefix_shown``
-    names the positions whose view shows prefix blocks (the holders of the prompt's first
-    block, each shown with its index; the hints of kvmodel's :class:`~kvpolicy.kvmodel.Router`).
-    Shown to a router that says it follows them (:func:`_follows_changes`: kvpolicy-admit's
-    ``weighted``, which finds them by identity otherwise)."""
-
-    changed_since: tuple[ReplicaViews, tuple[int, ...]] | None
-    prefix_shown: tuple[int, ...]
 
 
 def with_blocks(view: ReplicaView, blocks: Set[int]) -> ReplicaView:
@@ -370,7 +357,7 @@ class Fleet:
         self._view_cache = {b: b._base(now, config) for b in self.backends}
         self._cand_views = [self._view_cache[b] for b in self._cands]
         """The candidates' views in their order, each replaced as it changes."""
-        self._shown: _Shown | None = None
+        self._shown: ShownViews | None = None
         """The candidates' views last shown to the router (None: none since the candidates
         changed)."""
         self._dirty: set[int] = set()
@@ -517,7 +504,7 @@ class Fleet:
                         held.append(i)
             if len(cands) < _SAY_FROM or not self._says:
                 return ReplicaViews.trusted(views)
-            shown = tuple.__new__(_Shown, views)  # (ReplicaViews.trusted, without a call)
+            shown = tuple.__new__(ShownViews, views)  # (ReplicaViews.trusted, without a call)
             last, dirty = self._shown, self._dirty
             if last is None:
                 shown.changed_since = None
