@@ -84,7 +84,7 @@ def _compiling() -> bool:
 def _compiled_dists() -> list[str]:
     """The distributions whose wheel compiles its hot modules with mypyc on request: those
     whose pyproject names ``tools/mypyc_hook.py`` as a build hook (kvmodel's pool, the
-    simulator's engine)."""
+    simulator's engine, admit's and tenancy's routing decision)."""
     out = []
     for name, base in DIST_DIRS.items():
         hooks = tomllib.loads((base / "pyproject.toml").read_text()).get("tool", {})
@@ -471,7 +471,8 @@ def heavy(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def compiled(session: nox.Session) -> None:
     """The tests of the distributions whose hot modules compile with mypyc
-    (:func:`_compiled_dists`: kvmodel's block pool, the simulator's engine), default and
+    (:func:`_compiled_dists`: kvmodel's block pool, the simulator's engine, the routing
+    decision in admit and tenancy), default and
     heavy, run against their compiled wheels (``KVPOLICY_COMPILE=1``), with the same results
     asked of them; CI runs it after ``heavy``. Skipped where there is no C compiler."""
     cc = os.environ.get("CC") or "cc"
