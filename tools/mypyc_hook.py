@@ -7,12 +7,13 @@ A distribution names the modules in its ``pyproject.toml``::
     enable-by-default = false
     modules = ["kvpolicy/sim/_step.py", ...]   # relative to src/
 
-and a build from the checkout with the hook enabled (``HATCH_BUILD_HOOK_ENABLE_CUSTOM=1
-pip install ./packages/kvmodel ./integrations/sim``; ``KVPOLICY_COMPILE=1 nox -s ...`` sets
-it for nox's builds) compiles them (mypyc, then the C compiler) into extension modules
+and a build from the checkout with the hook enabled (``HATCH_BUILD_HOOK_ENABLE_CUSTOM=1``
+before the README's ``pip install ./packages/kvmodel ...``; ``KVPOLICY_COMPILE=1 nox -s ...``
+sets it for nox's builds) compiles them (mypyc, then the C compiler) into extension modules
 that the wheel carries beside the sources; Python imports an extension module before the
 ``.py`` of the same name, so the compiled code runs, with the same results (CI runs the
-tests of both distributions against it: ``nox -s compiled``). Disabled, as by default,
+tests of every such distribution against it: ``nox -s compiled``). An editable install is
+not compiled (the hook says so and leaves the sources to run). Disabled, as by default,
 hatchling never loads this file (an sdist, which does not carry it, builds) and the wheel
 is pure Python: a machine with only Python and pip builds and runs kvpolicy.
 
@@ -48,7 +49,10 @@ class MypycHook(BuildHookInterface):  # type: ignore[misc]
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         """Compile into a temporary folder and add the extension modules to the wheel."""
-        if self.target_name != "wheel" or version == "editable":
+        if self.target_name != "wheel":
+            return
+        if version == "editable":
+            print("mypyc hook: an editable install runs its sources, uncompiled", file=sys.stderr)
             return
         modules = self.config.get("modules")
         if not isinstance(modules, list) or not modules:
@@ -66,6 +70,22 @@ class MypycHook(BuildHookInterface):  # type: ignore[misc]
                 f"{' and '.join(BUILD_REQUIRES)} ({exc})"
             ) from exc
         self._tmp = pathlib.Path(tempfile.mkdtemp(prefix="kvpolicy-mypyc-"))
+        try:
+            self._compile(src, modules, build_data, mypycify, Distribution)
+        except BaseException:
+            shutil.rmtree(self._tmp, ignore_errors=True)  # finalize is not called then
+            raise
+
+    def _compile(
+        self,
+        src: pathlib.Path,
+        modules: list[str],
+        build_data: dict[str, Any],
+        mypycify: Any,
+        Distribution: Any,  # noqa: N803 (setuptools' class)
+    ) -> None:
+        """mypyc and the C compiler over ``modules`` (paths under ``src``), the extension
+        modules added to ``build_data``'s files."""
         out = self._tmp / "lib"
         others = [
             str(p)
