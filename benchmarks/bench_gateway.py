@@ -56,7 +56,8 @@ In front of a fleet (issue 26; ``--fleet-only`` runs just these, into
   ``router_only_cpu_*``: the router's ``route`` alone on the same views (the
   kvpolicy-admit class's own cost). Goal p99 <= 50 us at 64 backends.
   ``compiled`` (at the JSON's top) says whether kvpolicy-admit's and kvpolicy-tenancy's
-  routing modules ran compiled (mypyc: wheels built with ``KVPOLICY_COMPILE=1``); when they
+  routing modules ran compiled (mypyc: as ``nox -s bench`` builds them where a C compiler
+  is found); when they
   did, ``routing_interpreted_*_weighted_<n>`` are ``weighted``'s figures with the same
   sources interpreted, in a child process of the same run.
   ``routing_update_cpu_*``: what keeping the views current costs per request, outside

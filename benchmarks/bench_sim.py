@@ -34,11 +34,11 @@ Figures (seconds of ``simulate``, wall-clock and CPU, workload loading excluded)
   generation and simulation apart) and its peak resident memory (issue 25 asks for at most
   3 minutes of CPU and 2 GB).
 - ``engine_core``: whether kvmodel's block pool and the simulator's engine run compiled
-  (``mypyc``: installed with ``KVPOLICY_COMPILE=1``, e.g. ``KVPOLICY_COMPILE=1 nox -s
-  bench``) or ``interpreted``. With the compiled core, ``azure_interpreted_us_per_request``
-  is the vLLM-like stack on the Azure trace with the same sources interpreted, in a child
-  process of the same run (the fastest of as many repeats), and ``azure_compiled_speedup``
-  the interpreted cost over the compiled one.
+  (``mypyc``: as ``nox -s bench`` installs them where a C compiler is found, unless
+  ``KVPOLICY_COMPILE=0``) or ``interpreted``. With the compiled core,
+  ``azure_interpreted_us_per_request`` is the vLLM-like stack on the Azure trace with the
+  same sources interpreted, in a child process of the same run (the fastest of as many
+  repeats), and ``azure_compiled_speedup`` the interpreted cost over the compiled one.
 - ``load_average_start`` and ``load_average_end``: the machine's load averages (1, 5, 15
   minutes) when the run started and ended.
 
