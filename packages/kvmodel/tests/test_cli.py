@@ -56,3 +56,22 @@ class TestPlan:
         code, out = _invoke("--model", "Llama-3-70B", "--gpu", "H200", "--tp", "3")
         assert code == 2
         assert "'tp'" in out
+
+
+def test_version_lists_the_installed_distributions() -> None:
+    """``kvpolicy --version`` gives kvpolicy's version, then each installed kvpolicy
+    distribution's, marked ``(compiled)`` where its wheel carries compiled modules (the
+    ``compiled`` session installs kvmodel so: ``KVPOLICY_EXPECT_COMPILED=1``)."""
+    import importlib.metadata
+    import os
+
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0, result.output
+    version = importlib.metadata.version("kvpolicy-kvmodel")
+    lines = result.output.splitlines()
+    assert lines[0] == f"kvpolicy, version {version}"
+    compiled = os.environ.get("KVPOLICY_EXPECT_COMPILED") == "1"
+    assert f"  kvpolicy-kvmodel {version}{' (compiled)' if compiled else ''}" in lines[1:]
+    names = [line.split()[0] for line in lines[1:]]
+    assert names == sorted(names)
+    assert all(name.startswith("kvpolicy-") for name in names)

@@ -12,6 +12,8 @@ gives ``kvpolicy tenancy ...`` and nothing of the other packages.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.metadata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
@@ -160,10 +162,43 @@ class _Main(click.Group):
         _write_listing(formatter, {n: spec_of(ep).help for n, ep in registered().items()})
 
 
+def _installed() -> list[tuple[str, str, bool]]:
+    """Every installed kvpolicy distribution as ``(name, version, compiled)``, by name;
+    ``compiled``: its wheel carries extension modules (built with its mypyc hook). Read
+    from the distributions' metadata, importing none of them."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    out = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if not name.startswith("kvpolicy-") or name in out:
+            continue
+        compiled = any(str(f).endswith(suffixes) for f in dist.files or ())
+        out[name] = (name, dist.version, compiled)
+    return [out[n] for n in sorted(out)]
+
+
+def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """``--version``: kvpolicy's version (kvmodel's), then each installed distribution's
+    and whether its hot modules are compiled."""
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(f"kvpolicy, version {importlib.metadata.version('kvpolicy-kvmodel')}")
+    for name, version, compiled in _installed():
+        click.echo(f"  {name} {version}{' (compiled)' if compiled else ''}")
+    ctx.exit()
+
+
 @click.group(
     cls=_Main,
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
 )
-@click.version_option(package_name="kvpolicy-kvmodel", prog_name="kvpolicy")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_version,
+    help="Show the version, the installed kvpolicy distributions (compiled or not), and exit.",
+)
 def main() -> None:
     """kvpolicy: KV-cache memory policies for LLM serving."""
