@@ -46,6 +46,25 @@ def compiled_core(dists: tuple[str, ...] = tuple(COMPILED)) -> dict[str, str]:
     return out
 
 
+def run_interpreted(script: str, args: list[str], dists: tuple[str, ...]) -> dict[str, Any]:
+    """Run ``script`` with ``args`` in a child process whose path puts this tree's sources
+    of ``dists`` before the installed (compiled) modules, and return the JSON object of its
+    last line, which must say (``"compiled"``: :func:`compiled_core` of ``dists``) that it
+    ran them interpreted: the interpreted baseline of a compiled run, measured in the same
+    run."""
+    import subprocess
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    srcs = [str(next(root.glob(f"*/{dist}/src"))) for dist in dists]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*srcs, os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, script, *args]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    child: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    if set(child["compiled"].values()) != {"interpreted"}:
+        raise RuntimeError(f"the interpreted child of {script} ran {child['compiled']}")
+    return child
+
+
 def machine() -> dict[str, Any]:
     """Describe the machine: CPU model, cores, memory, Python and key library versions."""
     info: dict[str, Any] = {

@@ -95,7 +95,7 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from _harness import compiled_core, parse_args, write_result
+from _harness import compiled_core, parse_args, run_interpreted, write_result
 
 from kvpolicy.kvmodel import Request
 from kvpolicy.tenancy import (
@@ -669,15 +669,8 @@ def bench_routing(n: int, sizes: tuple[int, ...] = (4, 64)) -> dict[str, Any]:
 def _interpreted_routing(n: int) -> dict[str, Any]:
     """``weighted``'s routing figures with kvmodel's, admit's and tenancy's sources of this
     tree interpreted (a child process whose path puts them before the installed compiled
-    modules), keyed ``routing_interpreted_...``."""
-    root = pathlib.Path(__file__).resolve().parents[1]
-    srcs = [str(root / "packages" / d / "src") for d in ("kvmodel", "admit", "tenancy")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*srcs, os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, __file__, "--routing-child", str(n)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
-    child = json.loads(out.strip().splitlines()[-1])
-    if set(child["compiled"].values()) != {"interpreted"}:
-        raise RuntimeError(f"the interpreted child ran {child['compiled']}")
+    modules: :func:`run_interpreted`), keyed ``routing_interpreted_...``."""
+    child = run_interpreted(__file__, ["--routing-child", str(n)], ("kvmodel", "admit", "tenancy"))
     return {
         k.replace("routing_", "routing_interpreted_", 1): v
         for k, v in child["figures"].items()
@@ -689,7 +682,8 @@ def _routing_child(n: int) -> None:
     global ROUTERS
     ROUTERS = ("weighted",)
     figures = bench_routing(n)
-    print(json.dumps({"compiled": compiled_core(("admit", "tenancy")), "figures": figures}))
+    compiled = compiled_core(("kvmodel", "admit", "tenancy"))
+    print(json.dumps({"compiled": compiled, "figures": figures}))
 
 
 def _cpu_s(pid: int) -> float:

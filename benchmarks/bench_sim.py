@@ -53,7 +53,7 @@ import pathlib
 import time
 from typing import Any
 
-from _harness import compiled_core, parse_args, write_result
+from _harness import compiled_core, parse_args, run_interpreted, write_result
 
 from kvpolicy.kvmodel import get_gpu, get_model
 from kvpolicy.sim import STACK_PRESETS, FleetConfig, simulate
@@ -88,19 +88,8 @@ def engine_core() -> dict[str, str]:
 
 def _interpreted_azure(repeats: int) -> float:
     """The vLLM-like stack's CPU microseconds per request on the Azure trace with kvmodel's
-    and the simulator's sources interpreted (a child process whose path puts this tree's
-    sources before the installed compiled modules)."""
-    import json
-    import subprocess
-    import sys
-
-    srcs = [str(ROOT / "packages" / "kvmodel" / "src"), str(ROOT / "integrations" / "sim" / "src")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*srcs, os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, __file__, "--azure-child", str(repeats)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
-    child = json.loads(out.strip().splitlines()[-1])
-    if set(child["engine_core"].values()) != {"interpreted"}:
-        raise RuntimeError(f"the interpreted child ran {child['engine_core']}")
+    and the simulator's sources interpreted (:func:`run_interpreted`)."""
+    child = run_interpreted(__file__, ["--azure-child", str(repeats)], ("kvmodel", "sim"))
     return float(child["us_per_request"])
 
 
@@ -111,7 +100,7 @@ def _azure_child(repeats: int) -> None:
     _time(get_workload("azure-conv-like", seed=1, num_requests=50).requests, STACK_PRESETS["vllm"])
     cpu = min(_time(requests, STACK_PRESETS["vllm"])[1] for _ in range(repeats))
     us = round(1e6 * cpu / len(requests), 1)
-    print(json.dumps({"engine_core": engine_core(), "us_per_request": us}))
+    print(json.dumps({"compiled": engine_core(), "us_per_request": us}))
 
 
 def _more(parser: Any) -> None:
