@@ -1,6 +1,6 @@
 """GPU timing shared by the GPU benchmarks: a call as Python issues it, and its GPU time.
 
-Two figures per operation, because they answer different questions:
+Three figures per operation, because they answer different questions:
 
 * ``eager_ms``: ``triton.testing.do_bench`` (median; the L2 flushed before each call). It
   includes the time the GPU waits for Python to launch the kernels, which dominates
@@ -10,6 +10,8 @@ Two figures per operation, because they answer different questions:
   GPU's own time, what a serving engine that replays decode steps as graphs pays, and
   what a roofline compares with. A message instead of a time where the operation cannot
   be captured (it synchronises with the host, or copies from it).
+* ``kernel_us``: each kernel's own device time per call (``torch.profiler``, L2 flushed):
+  where a multi-kernel operation's GPU time goes.
 """
 
 from __future__ import annotations
@@ -57,11 +59,43 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def graph_ms(fn: Callable[[], Any], reps: int = 20) -> float | str:
-    """GPU ms of one call of ``fn`` with a cold L2 (see the module), or why it failed."""
+def _flush_buffer() -> torch.Tensor:
     if not _FLUSH:
         _FLUSH.append(torch.empty(256 * 2**20, dtype=torch.int8, device="cuda"))
-    flush = _FLUSH[0]
+    return _FLUSH[0]
+
+
+def kernel_us(fn: Callable[[], Any], reps: int = 20) -> dict[str, float] | str:
+    """Device microseconds per call of each CUDA kernel ``fn`` runs, by kernel name, from
+    ``torch.profiler`` over ``reps`` calls each after an L2 flush (the flush's own fill
+    kernel left out). Kernel time alone: no launch gaps. Or why the profiler failed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = _flush_buffer()
+    fn()
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                flush.zero_()
+                fn()
+            torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for entry in prof.key_averages():
+            total = getattr(entry, "device_time_total", None)
+            if total is None:
+                total = getattr(entry, "cuda_time_total", 0.0)
+            if not total or "FillFunctor" in entry.key or entry.count < reps:
+                continue
+            out[entry.key[:80]] = float(total) / reps
+        return out
+    except Exception as err:  # a profiler that cannot read the device is a finding
+        return f"profiler failed: {type(err).__name__}: {str(err)[:160]}"
+
+
+def graph_ms(fn: Callable[[], Any], reps: int = 20) -> float | str:
+    """GPU ms of one call of ``fn`` with a cold L2 (see the module), or why it failed."""
+    flush = _flush_buffer()
 
     def with_fn() -> None:
         for _ in range(REPEATS):

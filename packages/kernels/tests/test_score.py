@@ -63,6 +63,51 @@ class TestScoreMLP:
         want = score_tokens(z.cpu(), mlp, PARAMS, backend="torch")
         _close(got.excess, want.excess, 2e-5, 1e-4)
 
+    @pytest.mark.parametrize("lazy", [False, True])
+    @pytest.mark.parametrize("hidden", [256, 512])
+    def test_many_slices_merged_in_chunks(
+        self,
+        hidden: int,
+        lazy: bool,
+        device: torch.device,
+        make_logits: LogitsFactory,
+        make_mlp: MLPFactory,
+        compact: CompactWeights,
+    ) -> None:
+        """125 vocabulary slices: the merging pass reads the MLP partials in several chunks
+        (64 slices a load at H = 256, 32 at 512) and every slice's statistics at once; with
+        the statistics reduced across lanes every step and once after the loop (lazy). A
+        row whose mass is all in the first slices, and a row with a NaN in a late slice
+        (NaN out, the other rows unaffected)."""
+        from kvpolicy.kernels._triton import (
+            ScoreLaunch,
+            finish_tiles,
+            score_tokens_triton,
+            vocab_slices,
+        )
+
+        launch = ScoreLaunch(16, 16, 200, 4, lazy=lazy)
+        _cols, splits = vocab_slices(2000, launch)
+        s_pad, s_chunk = finish_tiles(splits, hidden)
+        assert (splits, s_pad) == (125, 128)
+        assert s_chunk < splits
+        z = make_logits(4, 2000, torch.float32, device)
+        z[1, 40:] = -1e4
+        z[2, 1990] = float("nan")
+        mlp = make_mlp(2000, hidden=hidden)
+        pos = torch.arange(4, device=device)
+        att = torch.full((4,), 0.02, device=device)
+        interpret = device.type == "cpu"
+        for predictor in (mlp, compact):
+            got = score_tokens_triton(
+                z, predictor, PARAMS, pos, att, interpret=interpret, launch=launch
+            )
+            extra = {} if predictor is mlp else {"positions": pos.cpu(), "attention": att.cpu()}
+            want = score_tokens(z.cpu(), predictor, PARAMS, backend="torch", **extra)
+            for g, w in zip(got, want, strict=True):
+                assert bool(torch.isnan(g[2]))
+                _close(g[[0, 1, 3]], w[[0, 1, 3]], 1e-5, 1e-5)
+
     @pytest.mark.heavy  # 37 x 49,152 through Triton's interpreter: ~5 s of CPU
     def test_large_vocabulary(
         self, device: torch.device, make_logits: LogitsFactory, make_mlp: MLPFactory

@@ -28,12 +28,13 @@ Variant = tuple[str, Any, dict[str, str], dict[str, Any], dict[str, int]]
 def _variants(capability: int) -> list[Variant]:
     """Every kernel as the dispatcher launches it on ``sm_<capability>``: the scoring
     pass at each launch ``score_launch`` picks there for 1, 64 and 256 rows of 128,256
-    logits, the finishing pass at each row-tile size, the selection kernels."""
+    logits, the finishing pass at the slice counts those launches make, the selection
+    kernels."""
     from kvpolicy.kernels import _triton as k
 
     sms, smem = AOT_LIMITS[capability]
     out: list[Variant] = []
-    row_tiles = set()
+    finishes = set()
     for dtype, t in _DT.items():
         for mlp in (True, False):
             hidden = 256 if mlp else 0
@@ -60,16 +61,19 @@ def _variants(capability: int) -> list[Variant]:
                     "HAS_MLP": mlp,
                     "IEEE": dtype == "float32",
                     "UPCAST": False,
+                    "LAZY": launch.lazy,
+                    "ZERO_BAD": False,
                 }
                 sig.update(dict.fromkeys(const, "constexpr"))
                 options = {"num_warps": launch.num_warps}
                 if launch.num_stages is not None:
                     options["num_stages"] = launch.num_stages
-                tile = f"{launch.block_b}x{launch.block_v}"
+                tile = f"{launch.block_b}x{launch.block_v}{'-lazy' if launch.lazy else ''}"
                 name = f"score_partial[{dtype},{'mlp' if mlp else 'compact'},{tile}]"
                 out.append((name, k._score_partial, sig, const, options))
-                row_tiles.add((mlp, launch.block_b))
-    for mlp, block_b in sorted(row_tiles):
+                _cols, splits = k.vocab_slices(128_256, launch)
+                finishes.add((mlp, *k.finish_tiles(splits, hidden)))
+    for mlp, s_pad, s_chunk in sorted(finishes):
         ptrs = ("stats_ptr", "acc_ptr", "rowsum_ptr", "b1_ptr", "w2_ptr", "cw_ptr")
         sig = dict.fromkeys(ptrs, "*fp32")
         sig.update(pos_ptr="*i64", att_ptr="*fp32", r_ptr="*fp32", v_ptr="*fp32", g_ptr="*fp32")
@@ -77,10 +81,10 @@ def _variants(capability: int) -> list[Variant]:
         sig.update(
             dict.fromkeys(("b2", "const_risk", "half_s2", "expm1_s2", "lam", "offset"), "fp32")
         )
-        const = {"H": 256 if mlp else 16, "BLOCK_B": block_b, "HAS_MLP": mlp}
+        const = {"H": 256 if mlp else 16, "S_PAD": s_pad, "S_CHUNK": s_chunk, "HAS_MLP": mlp}
         sig.update(dict.fromkeys(const, "constexpr"))
-        name = f"score_finish[{'mlp' if mlp else 'compact'},{block_b}]"
-        out.append((name, k._score_finish, sig, const, {"num_warps": 4}))
+        name = f"score_finish[{'mlp' if mlp else 'compact'},{s_pad}x{s_chunk}]"
+        out.append((name, k._score_finish, sig, const, {"num_warps": k.FINISH_WARPS}))
     block = {"BLOCK": 4096}
     warps = {"num_warps": 4}
     hist = {"g_ptr": "*fp32", "n": "i32", "prefix_ptr": "*i64", "hist_ptr": "*i32"}

@@ -12,7 +12,7 @@ Scoring, for B new tokens with logits ``z`` of shape (B, V)::
               acc += z_tile @ W1^T_tile      (MLP only; tensor cores, fp32 accumulation)
               count of non-finite logits (zeroed, so the arithmetic stays finite)
             -> stats (4, SPLITS, B) f32 and acc (SPLITS, B, H) f32
-    pass 2  _score_finish: merge the splits, lse = M + log S,
+    pass 2  _score_finish, grid (B,): merge the splits (all at once), lse = M + log S,
               MLP:     R = sigmoid(w2 . relu(acc - lse * rowsum(W1) + b1) + b2), var = risk
               compact: entropy = log S - T / S, top = 1 / S -> evict's log-linear model
               g = R - lambda var + delta - mu c          -> R, var, g as (B,) f32
@@ -48,7 +48,14 @@ from kvpolicy.kernels._params import (
     TokenScores,
 )
 
-__all__ = ["ScoreLaunch", "score_launch", "score_tokens_triton", "select_evictions_triton"]
+__all__ = [
+    "ScoreLaunch",
+    "finish_tiles",
+    "score_launch",
+    "score_tokens_triton",
+    "select_evictions_triton",
+    "vocab_slices",
+]
 
 _SM_GUESS = 132  # H100 SXM: the interpreter's stand-in for a device's SM count.
 _SMEM_GUESS = 163 * 1024  # the A100's opt-in shared memory per block, the smallest targeted
@@ -80,6 +87,8 @@ def _score_partial(
     HAS_MLP: tl.constexpr,
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
+    LAZY: tl.constexpr,
+    ZERO_BAD: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -94,6 +103,11 @@ def _score_partial(
     bad = tl.zeros((BLOCK_B,), tl.float32)
     acc = tl.zeros((BLOCK_B, H), tl.float32)
     hs = tl.arange(0, H)
+    # LAZY: S, T and the non-finite count kept per column lane and summed across lanes once
+    # after the loop: one cross-lane reduction a step (the max) instead of four.
+    s_lanes = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
+    t_lanes = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
+    bad_lanes = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
     for vs in range(v0, v_end, BLOCK_V):
         cols = vs + tl.arange(0, BLOCK_V)
         cmask = cols < v_end
@@ -103,9 +117,17 @@ def _score_partial(
         )
         zf = z.to(tl.float32)
         nonfinite = mask & ((zf != zf) | (tl.abs(zf) == float("inf")))
-        bad += tl.sum(nonfinite.to(tl.float32), axis=1)
+        if LAZY:
+            bad_lanes += nonfinite.to(tl.float32)
+        else:
+            bad += tl.sum(nonfinite.to(tl.float32), axis=1)
+        # The statistics see 0 for a non-finite logit. On a GPU the dot takes the tile as
+        # loaded (straight from shared memory to the tensor cores): a non-finite logit
+        # makes only its own row's partial non-finite, and that row comes out NaN anyway.
+        # Triton's CPU interpreter raises on numpy's inf * 0, so there it is zeroed too.
         zf = tl.where(nonfinite, 0.0, zf)
-        z = tl.where(nonfinite, 0.0, z)
+        if ZERO_BAD:
+            z = tl.where(nonfinite, 0.0, z)
         zm = tl.where(mask, zf, float("-inf"))
         m_new = tl.maximum(m, tl.max(zm, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -113,9 +135,14 @@ def _score_partial(
         e = tl.exp(zm - m_safe[:, None])
         d = tl.where(mask, zf - m_safe[:, None], 0.0)
         # (m - m_safe) * s, written so that an empty row (m = -inf, s = 0) gives 0, not NaN.
-        shift = (tl.where(s > 0, m, m_safe) - m_safe) * s
-        t = alpha * (t + shift) + tl.sum(e * d, axis=1)
-        s = alpha * s + tl.sum(e, axis=1)
+        if LAZY:
+            lane_shift = tl.where(s_lanes > 0, m[:, None], m_safe[:, None]) - m_safe[:, None]
+            t_lanes = alpha[:, None] * (t_lanes + lane_shift * s_lanes) + e * d
+            s_lanes = alpha[:, None] * s_lanes + e
+        else:
+            shift = (tl.where(s > 0, m, m_safe) - m_safe) * s
+            t = alpha * (t + shift) + tl.sum(e * d, axis=1)
+            s = alpha * s + tl.sum(e, axis=1)
         m = m_new
         if HAS_MLP:
             w = tl.load(
@@ -129,6 +156,10 @@ def _score_partial(
                 acc = tl.dot(z, w, acc, input_precision="ieee")
             else:
                 acc = tl.dot(z, w, acc)
+    if LAZY:
+        s = tl.sum(s_lanes, axis=1)
+        t = tl.sum(t_lanes, axis=1)
+        bad = tl.sum(bad_lanes, axis=1)
     base = pid_s * B + rows
     tl.store(stats_ptr + base, m, mask=rmask)
     tl.store(stats_ptr + num_s * B + base, s, mask=rmask)
@@ -160,48 +191,51 @@ def _score_finish(
     lam,
     offset,
     H: tl.constexpr,
-    BLOCK_B: tl.constexpr,
+    S_PAD: tl.constexpr,
+    S_CHUNK: tl.constexpr,
     HAS_MLP: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)
-    rmask = rows < B
-    big_m = tl.full((BLOCK_B,), float("-inf"), tl.float32)
-    for k in range(num_s):
-        mk = tl.load(stats_ptr + k * B + rows, mask=rmask, other=0.0)
-        big_m = tl.maximum(big_m, mk)
-    big_m = tl.where(big_m == float("-inf"), 0.0, big_m)
-    s = tl.zeros((BLOCK_B,), tl.float32)
-    t = tl.zeros((BLOCK_B,), tl.float32)
-    bad = tl.zeros((BLOCK_B,), tl.float32)
-    hs = tl.arange(0, H)
-    acc = tl.zeros((BLOCK_B, H), tl.float32)
-    for k in range(num_s):
-        mk = tl.load(stats_ptr + k * B + rows, mask=rmask, other=0.0)
-        sk = tl.load(stats_ptr + (num_s + k) * B + rows, mask=rmask, other=0.0)
-        tk = tl.load(stats_ptr + (2 * num_s + k) * B + rows, mask=rmask, other=0.0)
-        alpha = tl.exp(mk - big_m)
-        t += alpha * (tk + (tl.where(sk > 0, mk, big_m) - big_m) * sk)
-        s += alpha * sk
-        bad += tl.load(stats_ptr + (3 * num_s + k) * B + rows, mask=rmask, other=0.0)
-        if HAS_MLP:
-            idx = (k * B + rows[:, None]).to(tl.int64) * H + hs[None, :]
-            acc += tl.load(acc_ptr + idx, mask=rmask[:, None], other=0.0)
-    s = tl.where(rmask, s, 1.0)
-    if HAS_MLP:
-        lse = big_m + tl.log(s)
+    # One program per row, the slices side by side: the merge reads every slice's
+    # statistics in one (S_PAD,) load and the MLP partials S_CHUNK slices at a time,
+    # so its latency is a few dependent loads, not one per slice.
+    row = tl.program_id(0)
+    if HAS_MLP:  # issued first: these loads do not wait for the merge
+        hs = tl.arange(0, H)
         rowsum = tl.load(rowsum_ptr + hs)
         b1 = tl.load(b1_ptr + hs)
         w2 = tl.load(w2_ptr + hs)
-        h = tl.maximum(acc - lse[:, None] * rowsum[None, :] + b1[None, :], 0.0)
-        logit = tl.sum(h * w2[None, :], axis=1) + b2
-        r = 1.0 / (1.0 + tl.exp(-logit))
-        var = tl.zeros((BLOCK_B,), tl.float32) + const_risk
+    ks = tl.arange(0, S_PAD)
+    kmask = ks < num_s
+    mk = tl.load(stats_ptr + ks * B + row, mask=kmask, other=float("-inf"))
+    sk = tl.load(stats_ptr + (num_s + ks) * B + row, mask=kmask, other=0.0)
+    tk = tl.load(stats_ptr + (2 * num_s + ks) * B + row, mask=kmask, other=0.0)
+    bk = tl.load(stats_ptr + (3 * num_s + ks) * B + row, mask=kmask, other=0.0)
+    big_m = tl.max(mk, axis=0)
+    big_m = tl.where(big_m == float("-inf"), 0.0, big_m)
+    alpha = tl.exp(mk - big_m)
+    # A slice with no mass (s = 0) adds nothing; written so that it gives 0, not NaN.
+    t = tl.sum(alpha * (tk + (tl.where(sk > 0, mk, big_m) - big_m) * sk), axis=0)
+    s = tl.sum(alpha * sk, axis=0)
+    bad = tl.sum(bk, axis=0)
+    if HAS_MLP:
+        acc = tl.zeros((H,), tl.float32)
+        for c in range(0, num_s, S_CHUNK):
+            kc = c + tl.arange(0, S_CHUNK)
+            idx = (kc[:, None] * B + row).to(tl.int64) * H + hs[None, :]
+            part = tl.load(acc_ptr + idx, mask=(kc < num_s)[:, None], other=0.0)
+            acc += tl.sum(part, axis=0)
+        lse = big_m + tl.log(s)
+        h = tl.maximum(acc - lse * rowsum + b1, 0.0)
+        logit = tl.sum(h * w2, axis=0) + b2
+        # The sigmoid without an overflowing exp (e <= 1) at either sign of the logit.
+        e = tl.exp(-tl.abs(logit))
+        r = tl.where(logit >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+        var = const_risk
     else:
         entropy = tl.log(s) - t / s
         top = 1.0 / s
-        pos = tl.maximum(tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.float32), 0.0)
-        att = tl.load(att_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+        pos = tl.maximum(tl.load(pos_ptr + row).to(tl.float32), 0.0)
+        att = tl.load(att_ptr + row).to(tl.float32)
         att_bad = (att != att) | (tl.abs(att) == float("inf"))
         bad += att_bad.to(tl.float32)
         att = tl.minimum(tl.maximum(tl.where(att_bad, 0.0, att), 0.0), 1.0)
@@ -221,9 +255,9 @@ def _score_finish(
     r = tl.where(bad > 0, nan, r)
     var = tl.where(bad > 0, nan, var)
     g = tl.where(bad > 0, nan, g)
-    tl.store(r_ptr + rows, r, mask=rmask)
-    tl.store(v_ptr + rows, var, mask=rmask)
-    tl.store(g_ptr + rows, g, mask=rmask)
+    tl.store(r_ptr + row, r)
+    tl.store(v_ptr + row, var)
+    tl.store(g_ptr + row, g)
 
 
 @functools.lru_cache(maxsize=64)
@@ -245,6 +279,7 @@ class ScoreLaunch(NamedTuple):
     splits: int
     num_warps: int
     num_stages: int | None = None
+    lazy: bool = False
 
 
 def score_launch(
@@ -290,6 +325,24 @@ def score_launch(
     return ScoreLaunch(block_b, block_v, splits, 8, stages)
 
 
+def vocab_slices(v: int, launch: ScoreLaunch) -> tuple[int, int]:
+    """(columns per slice, slices) of ``v`` logits under ``launch``: whole ``block_v`` steps
+    per slice, so the last slice may be short and there may be fewer than asked."""
+    cols = triton.cdiv(triton.cdiv(v, launch.splits), launch.block_v) * launch.block_v
+    return cols, triton.cdiv(v, cols)
+
+
+FINISH_WARPS = 8
+
+
+def finish_tiles(splits: int, hidden: int) -> tuple[int, int]:
+    """(S_PAD, S_CHUNK) of the merging pass over ``splits`` slices: every slice's statistics
+    in one power-of-2 load, the (slices, hidden) MLP partials at most 16,384 values a load
+    (64 fp32 registers a thread at ``FINISH_WARPS`` warps)."""
+    pad = triton.next_power_of_2(splits)
+    return pad, max(1, min(pad, 16384 // max(hidden, 1)))
+
+
 def score_tokens_triton(
     logits: torch.Tensor,
     predictor: MLPWeights | CompactWeights,
@@ -311,10 +364,9 @@ def score_tokens_triton(
         launch = score_launch(
             b, v, hidden_or_0, logits.element_size(), wide, interpret=interpret, sms=sms, smem=smem
         )
-    block_b, block_v, splits = launch.block_b, launch.block_v, launch.splits
+    block_b, block_v = launch.block_b, launch.block_v
     stages = {} if launch.num_stages is None else {"num_stages": launch.num_stages}
-    cols = triton.cdiv(triton.cdiv(v, splits), block_v) * block_v
-    splits = triton.cdiv(v, cols)
+    cols, splits = vocab_slices(v, launch)
     f32 = torch.float32
     stats = torch.empty((4, splits, b), dtype=f32, device=dev)
     out = torch.empty((3, b), dtype=f32, device=dev)
@@ -350,10 +402,13 @@ def score_tokens_triton(
         HAS_MLP=has_mlp,
         IEEE=logits.dtype == torch.float32,
         UPCAST=interpret and logits.dtype == torch.bfloat16,
+        LAZY=launch.lazy,
+        ZERO_BAD=interpret,
         num_warps=launch.num_warps,
         **stages,
     )
-    _score_finish[(triton.cdiv(b, block_b),)](
+    s_pad, s_chunk = finish_tiles(splits, hidden_or_0)
+    _score_finish[(b,)](
         stats,
         acc,
         rowsum,
@@ -374,8 +429,10 @@ def score_tokens_triton(
         params.risk_aversion,
         offset,
         H=hidden,
-        BLOCK_B=block_b,
+        S_PAD=s_pad,
+        S_CHUNK=s_chunk,
         HAS_MLP=has_mlp,
+        num_warps=FINISH_WARPS,
     )
     return TokenScores(out[0], out[1], out[2])
 
