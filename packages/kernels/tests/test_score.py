@@ -63,20 +63,17 @@ class TestScoreMLP:
         want = score_tokens(z.cpu(), mlp, PARAMS, backend="torch")
         _close(got.excess, want.excess, 2e-5, 1e-4)
 
-    @pytest.mark.parametrize("lazy", [False, True])
     @pytest.mark.parametrize("hidden", [256, 512])
     def test_many_slices_merged_in_chunks(
         self,
         hidden: int,
-        lazy: bool,
         device: torch.device,
         make_logits: LogitsFactory,
         make_mlp: MLPFactory,
         compact: CompactWeights,
     ) -> None:
         """125 vocabulary slices: the merging pass reads the MLP partials in several chunks
-        (64 slices a load at H = 256, 32 at 512) and every slice's statistics at once; with
-        the statistics reduced across lanes every step and once after the loop (lazy). A
+        (32 slices a load at H = 256, 16 at 512) and every slice's statistics at once. A
         row whose mass is all in the first slices, and a row with a NaN in a late slice
         (NaN out, the other rows unaffected)."""
         from kvpolicy.kernels._triton import (
@@ -86,7 +83,7 @@ class TestScoreMLP:
             vocab_slices,
         )
 
-        launch = ScoreLaunch(16, 16, 200, 4, lazy=lazy)
+        launch = ScoreLaunch(16, 16, 200, 4)
         _cols, splits = vocab_slices(2000, launch)
         s_pad, s_chunk = finish_tiles(splits, hidden)
         assert (splits, s_pad) == (125, 128)

@@ -61,14 +61,12 @@ def _variants(capability: int) -> list[Variant]:
                     "HAS_MLP": mlp,
                     "IEEE": dtype == "float32",
                     "UPCAST": False,
-                    "LAZY": launch.lazy,
-                    "ZERO_BAD": False,
                 }
                 sig.update(dict.fromkeys(const, "constexpr"))
                 options = {"num_warps": launch.num_warps}
                 if launch.num_stages is not None:
                     options["num_stages"] = launch.num_stages
-                tile = f"{launch.block_b}x{launch.block_v}{'-lazy' if launch.lazy else ''}"
+                tile = f"{launch.block_b}x{launch.block_v}"
                 name = f"score_partial[{dtype},{'mlp' if mlp else 'compact'},{tile}]"
                 out.append((name, k._score_partial, sig, const, options))
                 _cols, splits = k.vocab_slices(128_256, launch)

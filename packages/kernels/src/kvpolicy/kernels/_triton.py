@@ -87,8 +87,6 @@ def _score_partial(
     HAS_MLP: tl.constexpr,
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
-    LAZY: tl.constexpr,
-    ZERO_BAD: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -103,11 +101,6 @@ def _score_partial(
     bad = tl.zeros((BLOCK_B,), tl.float32)
     acc = tl.zeros((BLOCK_B, H), tl.float32)
     hs = tl.arange(0, H)
-    # LAZY: S, T and the non-finite count kept per column lane and summed across lanes once
-    # after the loop: one cross-lane reduction a step (the max) instead of four.
-    s_lanes = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
-    t_lanes = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
-    bad_lanes = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
     for vs in range(v0, v_end, BLOCK_V):
         cols = vs + tl.arange(0, BLOCK_V)
         cmask = cols < v_end
@@ -117,17 +110,12 @@ def _score_partial(
         )
         zf = z.to(tl.float32)
         nonfinite = mask & ((zf != zf) | (tl.abs(zf) == float("inf")))
-        if LAZY:
-            bad_lanes += nonfinite.to(tl.float32)
-        else:
-            bad += tl.sum(nonfinite.to(tl.float32), axis=1)
-        # The statistics see 0 for a non-finite logit. On a GPU the dot takes the tile as
-        # loaded (straight from shared memory to the tensor cores): a non-finite logit
-        # makes only its own row's partial non-finite, and that row comes out NaN anyway.
-        # Triton's CPU interpreter raises on numpy's inf * 0, so there it is zeroed too.
+        bad += tl.sum(nonfinite.to(tl.float32), axis=1)
         zf = tl.where(nonfinite, 0.0, zf)
-        if ZERO_BAD:
-            z = tl.where(nonfinite, 0.0, z)
+        # The dot takes the zeroed tile too. Handing it the tile as loaded (its row comes
+        # out NaN anyway) gave wrong rows on the H200 on the 64-row (wgmma) tiles in
+        # Triton 3.6, and slower 16-row tiles: benchmarks/measured/h200-2026-11-27.
+        z = tl.where(nonfinite, 0.0, z)
         zm = tl.where(mask, zf, float("-inf"))
         m_new = tl.maximum(m, tl.max(zm, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -135,14 +123,9 @@ def _score_partial(
         e = tl.exp(zm - m_safe[:, None])
         d = tl.where(mask, zf - m_safe[:, None], 0.0)
         # (m - m_safe) * s, written so that an empty row (m = -inf, s = 0) gives 0, not NaN.
-        if LAZY:
-            lane_shift = tl.where(s_lanes > 0, m[:, None], m_safe[:, None]) - m_safe[:, None]
-            t_lanes = alpha[:, None] * (t_lanes + lane_shift * s_lanes) + e * d
-            s_lanes = alpha[:, None] * s_lanes + e
-        else:
-            shift = (tl.where(s > 0, m, m_safe) - m_safe) * s
-            t = alpha * (t + shift) + tl.sum(e * d, axis=1)
-            s = alpha * s + tl.sum(e, axis=1)
+        shift = (tl.where(s > 0, m, m_safe) - m_safe) * s
+        t = alpha * (t + shift) + tl.sum(e * d, axis=1)
+        s = alpha * s + tl.sum(e, axis=1)
         m = m_new
         if HAS_MLP:
             w = tl.load(
@@ -156,10 +139,6 @@ def _score_partial(
                 acc = tl.dot(z, w, acc, input_precision="ieee")
             else:
                 acc = tl.dot(z, w, acc)
-    if LAZY:
-        s = tl.sum(s_lanes, axis=1)
-        t = tl.sum(t_lanes, axis=1)
-        bad = tl.sum(bad_lanes, axis=1)
     base = pid_s * B + rows
     tl.store(stats_ptr + base, m, mask=rmask)
     tl.store(stats_ptr + num_s * B + base, s, mask=rmask)
@@ -199,11 +178,6 @@ def _score_finish(
     # statistics in one (S_PAD,) load and the MLP partials S_CHUNK slices at a time,
     # so its latency is a few dependent loads, not one per slice.
     row = tl.program_id(0)
-    if HAS_MLP:  # issued first: these loads do not wait for the merge
-        hs = tl.arange(0, H)
-        rowsum = tl.load(rowsum_ptr + hs)
-        b1 = tl.load(b1_ptr + hs)
-        w2 = tl.load(w2_ptr + hs)
     ks = tl.arange(0, S_PAD)
     kmask = ks < num_s
     mk = tl.load(stats_ptr + ks * B + row, mask=kmask, other=float("-inf"))
@@ -218,6 +192,7 @@ def _score_finish(
     s = tl.sum(alpha * sk, axis=0)
     bad = tl.sum(bk, axis=0)
     if HAS_MLP:
+        hs = tl.arange(0, H)
         acc = tl.zeros((H,), tl.float32)
         for c in range(0, num_s, S_CHUNK):
             kc = c + tl.arange(0, S_CHUNK)
@@ -225,6 +200,9 @@ def _score_finish(
             part = tl.load(acc_ptr + idx, mask=(kc < num_s)[:, None], other=0.0)
             acc += tl.sum(part, axis=0)
         lse = big_m + tl.log(s)
+        rowsum = tl.load(rowsum_ptr + hs)
+        b1 = tl.load(b1_ptr + hs)
+        w2 = tl.load(w2_ptr + hs)
         h = tl.maximum(acc - lse * rowsum + b1, 0.0)
         logit = tl.sum(h * w2, axis=0) + b2
         # The sigmoid without an overflowing exp (e <= 1) at either sign of the logit.
@@ -279,7 +257,6 @@ class ScoreLaunch(NamedTuple):
     splits: int
     num_warps: int
     num_stages: int | None = None
-    lazy: bool = False
 
 
 def score_launch(
@@ -332,15 +309,16 @@ def vocab_slices(v: int, launch: ScoreLaunch) -> tuple[int, int]:
     return cols, triton.cdiv(v, cols)
 
 
-FINISH_WARPS = 8
+FINISH_WARPS = 4
 
 
 def finish_tiles(splits: int, hidden: int) -> tuple[int, int]:
     """(S_PAD, S_CHUNK) of the merging pass over ``splits`` slices: every slice's statistics
-    in one power-of-2 load, the (slices, hidden) MLP partials at most 16,384 values a load
-    (64 fp32 registers a thread at ``FINISH_WARPS`` warps)."""
+    in one power-of-2 load, the (slices, hidden) MLP partials at most 8,192 values a load
+    (64 fp32 registers a thread at ``FINISH_WARPS`` warps; 8 warps and 16,384 values a
+    load, with the weights loaded first, measured slower on the H200)."""
     pad = triton.next_power_of_2(splits)
-    return pad, max(1, min(pad, 16384 // max(hidden, 1)))
+    return pad, max(1, min(pad, 8192 // max(hidden, 1)))
 
 
 def score_tokens_triton(
@@ -402,8 +380,6 @@ def score_tokens_triton(
         HAS_MLP=has_mlp,
         IEEE=logits.dtype == torch.float32,
         UPCAST=interpret and logits.dtype == torch.bfloat16,
-        LAZY=launch.lazy,
-        ZERO_BAD=interpret,
         num_warps=launch.num_warps,
         **stages,
     )
