@@ -62,6 +62,37 @@ class TestScoreOnGPU:
             torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-4)
 
 
+class TestLaunchesOnGPU:
+    @pytest.mark.parametrize(
+        "launch",
+        [(16, 128, 132, 8, 3), (32, 64, 33, 8, 4), (64, 64, 33, 8, 3), (64, 64, 132, 8, 4)],
+        ids=lambda x: "x".join(map(str, x)),
+    )
+    def test_launches_agree_on_fresh_inputs(self, launch: tuple[int, ...]) -> None:
+        """The launch sweep's tiles (16- and 32-row on mma, 64-row on Hopper's wgmma) on
+        three fresh inputs each: logits N(0, 2^2) as the bench draws them, and an MLP whose
+        sigmoid does not saturate (a small w2), so that a wrong partial moves R and g by
+        far more than the tolerance. A variant that handed the dot the logits tile as
+        loaded passed the tests above and gave wrong rows in the launch sweep on the H200
+        (benchmarks/measured/h200-2026-11-27/README.md)."""
+        from kvpolicy.kernels._triton import ScoreLaunch, score_tokens_triton
+
+        b, v = 256, 49_152
+        for _ in range(3):
+            mlp = MLPWeights(
+                torch.randn(256, v) / v**0.5, torch.randn(256) * 0.1, torch.randn(256) * 0.005, 0.1
+            )
+            z = (torch.randn(b, v) * 2).to(device=CUDA, dtype=torch.bfloat16)
+            got = score_tokens_triton(z, mlp, PARAMS, launch=ScoreLaunch(*launch))
+            want = score_tokens(z, mlp, PARAMS, backend="torch")
+            r = want.returns
+            assert float(r.min()) > 0.02  # not saturated
+            assert float(r.max()) < 0.98
+            assert float(r.std()) > 0.002  # the rows differ
+            for g, w in zip(got, want, strict=True):
+                torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-3)
+
+
 class TestSelectOnGPU:
     def test_million_tokens_match_reference(self) -> None:
         """10^6 resident tokens with heavy ties: same indices as the torch reference."""
