@@ -23,8 +23,9 @@ call (its NaN check; with the keep rule, the count of g < 0 too): its graph time
 of the kernels it runs after the checks (``select_evictions_triton``), without the keep
 rule.
 
-``--tune`` also sweeps the scoring kernel's launch (tile sizes, vocabulary slices, warps,
-pipeline stages; ``kvpolicy.kernels._triton.ScoreLaunch``) at each shape, checks every
+``--tune`` also sweeps the scoring kernel's launch for both predictors (tile sizes,
+vocabulary slices, warps, pipeline stages; ``kvpolicy.kernels._triton.ScoreLaunch``; the
+compact predictor's programs per SM) at each shape, checks every
 configuration against the torch reference and times it on the GPU (graph replays, cold
 L2) and as a call; ``score_launch`` holds what it found. ``*_kernels_us`` is each
 kernel's own device time per call (``torch.profiler``): where the GPU time goes.
@@ -213,55 +214,109 @@ def _launches(b: int, v: int, sms: int) -> list[Any]:
     return out
 
 
-def _tune(quick: bool) -> list[dict[str, Any]]:
-    """Sweep the MLP scoring launch at each benchmark shape (bf16), checked and timed."""
+def _compact_launches(b: int, v: int, sms: int) -> list[Any]:
+    """The compact predictor's launches the sweep tries (no dot, so no pipelined loads: the
+    programs in flight per SM are what keeps loads in flight)."""
+    from kvpolicy.kernels._triton import ScoreLaunch  # imports triton: GPU runs only
+
+    out = []
+    for bb in (16,) if b <= 16 else (16, 64):
+        row_blocks = -(-b // bb)
+        for bv in (64, 128, 256):
+            for per_sm in (2, 4, 8):
+                splits = max(1, min(-(-v // bv), per_sm * sms // row_blocks))
+                out.append(ScoreLaunch(bb, bv, splits, 4))
+    return out
+
+
+def _sweep(
+    b: int,
+    v: int,
+    launches: list[Any],
+    run: Callable[[Any], Any],
+    want: Any,
+    default: Callable[[], Any],
+    rep_ms: int,
+) -> dict[str, Any]:
+    """Check every launch against ``want``, time those that pass on the GPU and as calls."""
+    tried: list[dict[str, Any]] = []
+    for launch in launches:
+        entry: dict[str, Any] = dict(launch._asdict())
+        try:
+            got = run(launch)
+            for g, w in zip(got, want, strict=True):
+                torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-3)
+        except Exception as err:  # a launch that fails to compile or run is a finding
+            entry["error"] = f"{type(err).__name__}: {str(err)[:120]}"
+            tried.append(entry)
+            continue
+        entry["gpu_ms"] = graph_ms(lambda: run(launch), reps=10)  # noqa: B023
+        entry["ms"] = eager_ms(lambda: run(launch), rep_ms)  # noqa: B023
+        tried.append(entry)
+    timed = [t for t in tried if isinstance(t.get("gpu_ms"), float)]
+    best = min(timed, key=lambda t: t["gpu_ms"]) if timed else None
+    default_gpu_ms = graph_ms(default, reps=10)
+    return {
+        "B": b,
+        "V": v,
+        "default_ms": eager_ms(default, rep_ms),
+        "default_gpu_ms": default_gpu_ms,
+        "best": best,
+        "best_gpu_over_default": _ratio(best["gpu_ms"], default_gpu_ms) if best else None,
+        "tried": len(tried),
+        "failed": [t for t in tried if "error" in t],
+        "top5": sorted(timed, key=lambda t: t["gpu_ms"])[:5],
+    }
+
+
+def _tune(
+    quick: bool, dev: torch.device | None = None, shapes: tuple[tuple[int, int], ...] = ()
+) -> dict[str, list[dict[str, Any]]]:
+    """Sweep the scoring launch of both predictors at each benchmark shape (bf16), every
+    launch checked against the torch reference and timed."""
     from kvpolicy.kernels._triton import score_tokens_triton  # imports triton: GPU runs only
 
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    dev = dev or torch.device("cuda")
+    interpret = dev.type == "cpu"  # a rehearsal under Triton's interpreter
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if not interpret else 132
     rep_ms = 10 if quick else 20
-    rows = []
-    for v in (49_152, 128_256):
+    shapes = shapes or tuple((b, v) for v in (49_152, 128_256) for b in (1, 64, 256))
+    compact = CompactWeights((-2.0, -0.3, 1.1, -0.4, 0.8, 3.0, 0.2), 0.6)
+    out: dict[str, list[dict[str, Any]]] = {"mlp": [], "compact": []}
+    for b, v in shapes:
         mlp = MLPWeights(
             torch.randn(HIDDEN, v) / v**0.5, torch.randn(HIDDEN) * 0.1, torch.randn(HIDDEN), 0.1
         )
-        for b in (1, 64, 256):
-            z = (torch.randn(b, v) * 2).to(device=dev, dtype=torch.bfloat16)
-            want = score_tokens(z, mlp, PARAMS, backend="torch")
-            default_ms = eager_ms(lambda: score_tokens(z, mlp, PARAMS), rep_ms)  # noqa: B023
-            default_gpu_ms = graph_ms(lambda: score_tokens(z, mlp, PARAMS), reps=10)  # noqa: B023
-            tried: list[dict[str, Any]] = []
-            for launch in _launches(b, v, sms):
-                entry: dict[str, Any] = dict(launch._asdict())
-                try:
-                    got = score_tokens_triton(z, mlp, PARAMS, launch=launch)
-                    for g, w in zip(got, want, strict=True):
-                        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-3)
-                except Exception as err:  # a launch that fails to compile or run is a finding
-                    entry["error"] = f"{type(err).__name__}: {str(err)[:120]}"
-                    tried.append(entry)
-                    continue
-                call = lambda: score_tokens_triton(z, mlp, PARAMS, launch=launch)  # noqa: B023, E731
-                entry["gpu_ms"] = graph_ms(call, reps=10)
-                entry["ms"] = eager_ms(call, rep_ms)
-                tried.append(entry)
-            timed = [t for t in tried if isinstance(t.get("gpu_ms"), float)]
-            best = min(timed, key=lambda t: t["gpu_ms"]) if timed else None
-            row = {
-                "B": b,
-                "V": v,
-                "default_ms": default_ms,
-                "default_gpu_ms": default_gpu_ms,
-                "best": best,
-                "best_gpu_over_default": _ratio(best["gpu_ms"], default_gpu_ms) if best else None,
-                "tried": len(tried),
-                "failed": [t for t in tried if "error" in t],
-                "top5": sorted(timed, key=lambda t: t["gpu_ms"])[:5],
-            }
+        z = (torch.randn(b, v) * 2).to(device=dev, dtype=torch.bfloat16)
+        pos = torch.arange(b, device=dev)
+        att = (torch.rand(b) * 0.05).to(dev)
+        feats = {"positions": pos, "attention": att}
+        cases = (
+            ("mlp", mlp, {}, _launches(b, v, sms)),
+            ("compact", compact, feats, _compact_launches(b, v, sms)),
+        )
+        for name, predictor, extra, launches in cases:
+            want = score_tokens(z, predictor, PARAMS, backend="torch", **extra)
+
+            def run(launch: Any, p: Any = predictor, kw: Any = extra) -> Any:
+                return score_tokens_triton(
+                    z,  # noqa: B023
+                    p,
+                    PARAMS,
+                    kw.get("positions"),
+                    kw.get("attention"),
+                    interpret=interpret,
+                    launch=launch,
+                )
+
+            def default(p: Any = predictor, kw: Any = extra) -> Any:
+                return score_tokens(z, p, PARAMS, **kw)  # noqa: B023
+
+            row = _sweep(b, v, launches, run, want, default, rep_ms)
             show = ("B", "V", "default_gpu_ms", "best", "tried")
-            print({k: row[k] for k in show}, flush=True)
-            rows.append(row)
-    return rows
+            print(name, {k: row[k] for k in show}, flush=True)
+            out[name].append(row)
+    return out
 
 
 def main() -> int:
