@@ -274,11 +274,14 @@ def _tune(
 ) -> dict[str, list[dict[str, Any]]]:
     """Sweep the scoring launch of both predictors at each benchmark shape (bf16), every
     launch checked against the torch reference and timed."""
-    from kvpolicy.kernels._triton import score_tokens_triton  # imports triton: GPU runs only
+    from kvpolicy.kernels._triton import (  # imports triton: GPU runs only
+        _device_limits,
+        score_tokens_triton,
+    )
 
     dev = dev or torch.device("cuda")
     interpret = dev.type == "cpu"  # a rehearsal under Triton's interpreter
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if not interpret else 132
+    sms, _smem = _device_limits(dev)  # the device's SM count; the interpreter's stand-in
     rep_ms = 10 if quick else 20
     shapes = shapes or tuple((b, v) for v in (49_152, 128_256) for b in (1, 64, 256))
     compact = CompactWeights((-2.0, -0.3, 1.1, -0.4, 0.8, 3.0, 0.2), 0.6)
